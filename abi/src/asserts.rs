@@ -1,0 +1,120 @@
+//! Compile-time proof of the layout `docs/abi.md` specifies: every struct's size and every
+//! field's offset, as literal numbers. Changing the layout without changing the specification
+//! (and the major version) fails the build.
+
+use core::mem::{align_of, offset_of, size_of};
+
+use static_assertions::{const_assert, const_assert_eq};
+
+use crate::ops::{Params, Version};
+use crate::page::{Header, Identity, Page, Regs};
+use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
+
+const_assert_eq!(size_of::<Page>(), crate::XENPMU_PAGE_SIZE);
+const_assert_eq!(size_of::<Header>(), 16);
+const_assert_eq!(size_of::<Identity>(), 16);
+const_assert_eq!(size_of::<Regs>(), 168);
+const_assert_eq!(size_of::<VendorArea>(), crate::XENPMU_VENDOR_AREA_SIZE);
+const_assert_eq!(size_of::<CounterPair>(), 16);
+const_assert_eq!(size_of::<IntelCtxt>(), crate::XENPMU_VENDOR_CTXT_SIZE);
+const_assert_eq!(size_of::<AmdCtxt>(), crate::XENPMU_VENDOR_CTXT_SIZE);
+const_assert_eq!(size_of::<Version>(), 8);
+const_assert_eq!(size_of::<Params>(), 24);
+
+// No struct needs more than 8-byte alignment, so a page at any 8-aligned address is usable.
+const_assert_eq!(align_of::<Page>(), 8);
+const_assert_eq!(align_of::<Params>(), 8);
+
+const_assert_eq!(offset_of!(Header, magic), 0);
+const_assert_eq!(offset_of!(Header, version_major), 4);
+const_assert_eq!(offset_of!(Header, version_minor), 6);
+const_assert_eq!(offset_of!(Header, defined_size), 8);
+const_assert_eq!(offset_of!(Header, vendor), 12);
+
+const_assert_eq!(offset_of!(Identity, domain_id), 0);
+const_assert_eq!(offset_of!(Identity, vcpu_id), 4);
+const_assert_eq!(offset_of!(Identity, pcpu_id), 8);
+const_assert_eq!(offset_of!(Identity, _pad0), 12);
+
+const_assert_eq!(offset_of!(Regs, rax), 0);
+const_assert_eq!(offset_of!(Regs, rbx), 8);
+const_assert_eq!(offset_of!(Regs, rcx), 16);
+const_assert_eq!(offset_of!(Regs, rdx), 24);
+const_assert_eq!(offset_of!(Regs, rsi), 32);
+const_assert_eq!(offset_of!(Regs, rdi), 40);
+const_assert_eq!(offset_of!(Regs, rbp), 48);
+const_assert_eq!(offset_of!(Regs, rsp), 56);
+const_assert_eq!(offset_of!(Regs, r8), 64);
+const_assert_eq!(offset_of!(Regs, r9), 72);
+const_assert_eq!(offset_of!(Regs, r10), 80);
+const_assert_eq!(offset_of!(Regs, r11), 88);
+const_assert_eq!(offset_of!(Regs, r12), 96);
+const_assert_eq!(offset_of!(Regs, r13), 104);
+const_assert_eq!(offset_of!(Regs, r14), 112);
+const_assert_eq!(offset_of!(Regs, r15), 120);
+const_assert_eq!(offset_of!(Regs, rip), 128);
+const_assert_eq!(offset_of!(Regs, rflags), 136);
+const_assert_eq!(offset_of!(Regs, cs), 144);
+const_assert_eq!(offset_of!(Regs, ss), 146);
+const_assert_eq!(offset_of!(Regs, ds), 148);
+const_assert_eq!(offset_of!(Regs, es), 150);
+const_assert_eq!(offset_of!(Regs, fs), 152);
+const_assert_eq!(offset_of!(Regs, gs), 154);
+const_assert_eq!(offset_of!(Regs, cpl), 156);
+const_assert_eq!(offset_of!(Regs, _pad0), 157);
+const_assert_eq!(offset_of!(Regs, mode), 160);
+const_assert_eq!(offset_of!(Regs, _pad1), 164);
+
+const_assert_eq!(offset_of!(VendorArea, words), 0);
+
+const_assert_eq!(offset_of!(CounterPair, counter), 0);
+const_assert_eq!(offset_of!(CounterPair, control), 8);
+
+const_assert_eq!(offset_of!(IntelCtxt, fixed_counters), 0);
+const_assert_eq!(offset_of!(IntelCtxt, arch_counters), 4);
+const_assert_eq!(offset_of!(IntelCtxt, fixed_count), 8);
+const_assert_eq!(offset_of!(IntelCtxt, arch_count), 12);
+const_assert_eq!(offset_of!(IntelCtxt, global_ctrl), 16);
+const_assert_eq!(offset_of!(IntelCtxt, global_status), 24);
+const_assert_eq!(offset_of!(IntelCtxt, global_ovf_ctrl), 32);
+const_assert_eq!(offset_of!(IntelCtxt, fixed_ctrl), 40);
+const_assert_eq!(offset_of!(IntelCtxt, ds_area), 48);
+const_assert_eq!(offset_of!(IntelCtxt, pebs_enable), 56);
+
+const_assert_eq!(offset_of!(AmdCtxt, counters), 0);
+const_assert_eq!(offset_of!(AmdCtxt, ctrls), 4);
+const_assert_eq!(offset_of!(AmdCtxt, counter_count), 8);
+const_assert_eq!(offset_of!(AmdCtxt, _pad0), 12);
+const_assert_eq!(offset_of!(AmdCtxt, global_ctrl), 16);
+const_assert_eq!(offset_of!(AmdCtxt, global_status), 24);
+const_assert_eq!(offset_of!(AmdCtxt, _reserved0), 32);
+
+const_assert_eq!(offset_of!(Page, header), 0);
+const_assert_eq!(offset_of!(Page, identity), 16);
+const_assert_eq!(offset_of!(Page, pmu_flags), 32);
+const_assert_eq!(offset_of!(Page, lapic_lvtpc), 40);
+const_assert_eq!(offset_of!(Page, _pad0), 44);
+const_assert_eq!(offset_of!(Page, regs), 48);
+const_assert_eq!(offset_of!(Page, _reserved0), 216);
+const_assert_eq!(offset_of!(Page, vendor), 256);
+const_assert_eq!(offset_of!(Page, _reserved1), 1280);
+
+const_assert_eq!(offset_of!(Version, major), 0);
+const_assert_eq!(offset_of!(Version, minor), 4);
+
+const_assert_eq!(offset_of!(Params, version), 0);
+const_assert_eq!(offset_of!(Params, val), 8);
+const_assert_eq!(offset_of!(Params, vcpu), 16);
+const_assert_eq!(offset_of!(Params, _pad0), 20);
+
+// The defined part of version 1.0 ends where the vendor area ends.
+const_assert_eq!(
+    crate::XENPMU_DEFINED_SIZE_1_0 as usize,
+    offset_of!(Page, vendor) + size_of::<VendorArea>()
+);
+// Room for at least 8 GP + 4 fixed (Intel) and 6 core counters (AMD); the banks must fit.
+const_assert!(
+    crate::XENPMU_VENDOR_CTXT_SIZE + 4 * 8 + 8 * size_of::<CounterPair>()
+        <= crate::XENPMU_VENDOR_AREA_SIZE
+);
+const_assert!(crate::XENPMU_VENDOR_CTXT_SIZE + 2 * 6 * 8 <= crate::XENPMU_VENDOR_AREA_SIZE);

@@ -1,0 +1,101 @@
+//! The hypervisor's side: initialising a page, publishing a sample, and taking a guest-edited
+//! vendor area for verification.
+//!
+//! The hypervisor keeps its own `VendorLayout` (computed from the enumerated counters) and never
+//! reads the header or the bank-geometry words back from the page: the guest can write them.
+
+use crate::page::{
+    Header, Identity, Page, Regs, XENPMU_DEFINED_SIZE_1_0, XENPMU_FLAG_CACHED,
+    XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED, XENPMU_MAGIC,
+    XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL,
+    XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
+};
+use crate::vendor::{AmdBanks, AmdCtxt, IntelBanks, IntelCtxt, VendorArea};
+
+/// The hypervisor's own record of where the banks are in a page it initialised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VendorLayout {
+    /// Intel context with these banks.
+    Intel(IntelBanks),
+    /// AMD context with these banks.
+    Amd(AmdBanks),
+}
+
+impl VendorLayout {
+    /// The `XENPMU_VENDOR_*` value for the header.
+    pub fn vendor_id(&self) -> u32 {
+        match self {
+            VendorLayout::Intel(_) => XENPMU_VENDOR_INTEL,
+            VendorLayout::Amd(_) => XENPMU_VENDOR_AMD,
+        }
+    }
+}
+
+/// The header this crate's version writes.
+pub fn current_header(layout: &VendorLayout) -> Header {
+    Header {
+        magic: XENPMU_MAGIC,
+        version_major: XENPMU_VERSION_MAJOR,
+        version_minor: XENPMU_VERSION_MINOR,
+        defined_size: XENPMU_DEFINED_SIZE_1_0,
+        vendor: layout.vendor_id(),
+    }
+}
+
+/// Initialises a freshly registered page: zeroes it, writes the header and the bank geometry,
+/// and sets the virtual LVTPC masked (no PMI until the guest unmasks it).
+pub fn init_page(page: &mut Page, layout: &VendorLayout) {
+    *page = Page::zeroed();
+    page.header = current_header(layout);
+    page.lapic_lvtpc = XENPMU_LVTPC_MASKED;
+    match layout {
+        VendorLayout::Intel(banks) => {
+            let mut ctxt = IntelCtxt::default();
+            banks.describe_in(&mut ctxt);
+            page.vendor.set_intel_ctxt(&ctxt);
+        }
+        VendorLayout::Amd(banks) => {
+            let mut ctxt = AmdCtxt::default();
+            banks.describe_in(&mut ctxt);
+            page.vendor.set_amd_ctxt(&ctxt);
+        }
+    }
+}
+
+/// The `pmu_flags` sample bits that go with `regs.mode`, so that the two never disagree.
+pub fn sample_flags(regs: &Regs) -> u64 {
+    let mut flags = 0;
+    if regs.mode & XENPMU_REGS_MODE_USER != 0 {
+        flags |= XENPMU_FLAG_SAMPLE_USER;
+    }
+    if regs.mode & XENPMU_REGS_MODE_REAL != 0 {
+        flags |= XENPMU_FLAG_SAMPLE_REAL;
+    }
+    flags
+}
+
+/// Publishes a sample: identity and registers, then `pmu_flags` with `XENPMU_FLAG_CACHED`.
+/// The vendor context must already be in `page.vendor`. The caller raises the PMU VIRQ after
+/// this returns; interrupt delivery orders these stores before the consumer's reads.
+pub fn publish_sample(page: &mut Page, identity: &Identity, regs: &Regs) {
+    page.identity = *identity;
+    page.regs = *regs;
+    page.pmu_flags = sample_flags(regs) | XENPMU_FLAG_CACHED;
+}
+
+/// Ends the cached window in the page (after a successful flush).
+pub fn clear_cached(page: &mut Page) {
+    page.pmu_flags &= !XENPMU_FLAG_CACHED;
+}
+
+/// Copies the vendor area out of a page the guest can write, for verification; the copy is
+/// what the hypervisor checks and loads, so a guest changing the page afterwards changes
+/// nothing.
+pub fn copy_vendor_area(page: &Page) -> VendorArea {
+    page.vendor.clone()
+}
+
+/// Whether the guest asked for the LVTPC to be masked (the only bit it controls).
+pub fn guest_lvtpc_masked(lapic_lvtpc: u32) -> bool {
+    lapic_lvtpc & XENPMU_LVTPC_MASKED != 0
+}

@@ -1,0 +1,2 @@
+//! Shared helpers for the integration tests.
+#![deny(missing_docs)]
