@@ -664,9 +664,19 @@ typedef struct xenpmu_params {
 
 
 /*
- * Consumer helpers. They check what docs/abi.md says a consumer must check and never read
- * outside the page. They return 0 or a negative XENPMU_E* value.
+ * Consumer helpers. They check what docs/abi.md says a consumer must check and never touch
+ * memory outside the page. Integer-returning helpers give 0 or a negative XENPMU_E* value.
+ *
+ * The vendor area is declared as uint64_t words; its fixed part is read and written by copying
+ * (never by casting the words to a struct pointer), which is correct under C's strict-aliasing
+ * rules. Bank entries are single words and are accessed as such.
  */
+#if defined(__GNUC__) || defined(__clang__)
+#define XENPMU_MEMCPY __builtin_memcpy
+#else
+#include <string.h>
+#define XENPMU_MEMCPY memcpy
+#endif
 
 /* Checks the version header before anything else is read. */
 static inline int xenpmu_page_check(const xenpmu_page *page)
@@ -683,7 +693,8 @@ static inline int xenpmu_page_check(const xenpmu_page *page)
     return 0;
 }
 
-/* Checks that a bank of `count` entries of `entry` bytes at `offset` lies inside the vendor area. */
+/* Checks that a bank of `count` entries of `entry` bytes at `offset` lies inside the vendor
+ * area, after its fixed part, 8-byte aligned. */
 static inline int xenpmu_bank_check(uint32_t offset, uint32_t count, uint32_t entry)
 {
     if ((offset % 8) != 0 || offset < XENPMU_VENDOR_CTXT_SIZE || offset > XENPMU_VENDOR_AREA_SIZE)
@@ -693,50 +704,163 @@ static inline int xenpmu_bank_check(uint32_t offset, uint32_t count, uint32_t en
     return 0;
 }
 
-/* The word at byte `offset` of the vendor area (offset already checked). */
-static inline uint64_t *xenpmu_vendor_word(xenpmu_page *page, uint32_t offset)
+/* Copies the Intel fixed part out of the page; -XENPMU_EINVAL if the page holds no Intel
+ * context or its bank geometry is invalid. */
+static inline int xenpmu_intel_ctxt_get(const xenpmu_page *page, xenpmu_intel_ctxt *out)
 {
-    return &page->vendor.words[offset / 8];
+    if (page->header.vendor != XENPMU_VENDOR_INTEL)
+        return -XENPMU_EINVAL;
+    XENPMU_MEMCPY(out, page->vendor.words, sizeof(*out));
+    if (xenpmu_bank_check(out->fixed_counters, out->fixed_count, 8) != 0 ||
+        xenpmu_bank_check(out->arch_counters, out->arch_count, 16) != 0)
+        return -XENPMU_EINVAL;
+    return 0;
 }
 
-/* Intel: fixed counter `index`, or NULL when out of range or the page holds no Intel context. */
-static inline uint64_t *xenpmu_intel_fixed(xenpmu_page *page, uint32_t index)
+/* Writes the guest-writable words of the Intel fixed part (everything after the bank
+ * geometry, which stays as the hypervisor wrote it). */
+static inline int xenpmu_intel_ctxt_set(xenpmu_page *page, const xenpmu_intel_ctxt *in)
 {
-    const xenpmu_intel_ctxt *ctxt = (const xenpmu_intel_ctxt *)page->vendor.words;
-    if (page->header.vendor != XENPMU_VENDOR_INTEL || index >= ctxt->fixed_count ||
-        xenpmu_bank_check(ctxt->fixed_counters, ctxt->fixed_count, 8) != 0)
-        return 0;
-    return xenpmu_vendor_word(page, ctxt->fixed_counters + 8 * index);
+    const size_t geometry = offsetof(xenpmu_intel_ctxt, global_ctrl);
+    if (page->header.vendor != XENPMU_VENDOR_INTEL)
+        return -XENPMU_EINVAL;
+    XENPMU_MEMCPY((char *)page->vendor.words + geometry, (const char *)in + geometry,
+                  sizeof(*in) - geometry);
+    return 0;
 }
 
-/* Intel: GP counter/control pair `index`, or NULL. */
-static inline xenpmu_counter_pair *xenpmu_intel_pair(xenpmu_page *page, uint32_t index)
+/* Index of the vendor-area word of Intel fixed counter `index`, or -1. */
+static inline int xenpmu_intel_fixed_word(const xenpmu_page *page, uint32_t index)
 {
-    const xenpmu_intel_ctxt *ctxt = (const xenpmu_intel_ctxt *)page->vendor.words;
-    if (page->header.vendor != XENPMU_VENDOR_INTEL || index >= ctxt->arch_count ||
-        xenpmu_bank_check(ctxt->arch_counters, ctxt->arch_count, 16) != 0)
-        return 0;
-    return (xenpmu_counter_pair *)xenpmu_vendor_word(page, ctxt->arch_counters + 16 * index);
+    xenpmu_intel_ctxt ctxt;
+    if (xenpmu_intel_ctxt_get(page, &ctxt) != 0 || index >= ctxt.fixed_count)
+        return -1;
+    return (int)((ctxt.fixed_counters + 8 * index) / 8);
 }
 
-/* AMD: counter `index` (PERF_CTRn), or NULL. */
-static inline uint64_t *xenpmu_amd_counter(xenpmu_page *page, uint32_t index)
+/* Index of the vendor-area word of Intel GP pair `index` (its counter; the control follows),
+ * or -1. */
+static inline int xenpmu_intel_pair_word(const xenpmu_page *page, uint32_t index)
 {
-    const xenpmu_amd_ctxt *ctxt = (const xenpmu_amd_ctxt *)page->vendor.words;
-    if (page->header.vendor != XENPMU_VENDOR_AMD || index >= ctxt->counter_count ||
-        xenpmu_bank_check(ctxt->counters, ctxt->counter_count, 8) != 0)
-        return 0;
-    return xenpmu_vendor_word(page, ctxt->counters + 8 * index);
+    xenpmu_intel_ctxt ctxt;
+    if (xenpmu_intel_ctxt_get(page, &ctxt) != 0 || index >= ctxt.arch_count)
+        return -1;
+    return (int)((ctxt.arch_counters + 16 * index) / 8);
 }
 
-/* AMD: control `index` (PERF_CTLn), or NULL. */
-static inline uint64_t *xenpmu_amd_ctrl(xenpmu_page *page, uint32_t index)
+/* Intel fixed counter `index`. */
+static inline int xenpmu_intel_fixed_get(const xenpmu_page *page, uint32_t index, uint64_t *value)
 {
-    const xenpmu_amd_ctxt *ctxt = (const xenpmu_amd_ctxt *)page->vendor.words;
-    if (page->header.vendor != XENPMU_VENDOR_AMD || index >= ctxt->counter_count ||
-        xenpmu_bank_check(ctxt->ctrls, ctxt->counter_count, 8) != 0)
-        return 0;
-    return xenpmu_vendor_word(page, ctxt->ctrls + 8 * index);
+    int word = xenpmu_intel_fixed_word(page, index);
+    if (word < 0)
+        return -XENPMU_EINVAL;
+    *value = page->vendor.words[word];
+    return 0;
+}
+
+/* Sets Intel fixed counter `index` (inside the cached window). */
+static inline int xenpmu_intel_fixed_set(xenpmu_page *page, uint32_t index, uint64_t value)
+{
+    int word = xenpmu_intel_fixed_word(page, index);
+    if (word < 0)
+        return -XENPMU_EINVAL;
+    page->vendor.words[word] = value;
+    return 0;
+}
+
+/* Intel GP counter/control pair `index`. */
+static inline int xenpmu_intel_pair_get(const xenpmu_page *page, uint32_t index, xenpmu_counter_pair *pair)
+{
+    int word = xenpmu_intel_pair_word(page, index);
+    if (word < 0)
+        return -XENPMU_EINVAL;
+    pair->counter = page->vendor.words[word];
+    pair->control = page->vendor.words[word + 1];
+    return 0;
+}
+
+/* Sets Intel GP counter/control pair `index` (inside the cached window). */
+static inline int xenpmu_intel_pair_set(xenpmu_page *page, uint32_t index, const xenpmu_counter_pair *pair)
+{
+    int word = xenpmu_intel_pair_word(page, index);
+    if (word < 0)
+        return -XENPMU_EINVAL;
+    page->vendor.words[word] = pair->counter;
+    page->vendor.words[word + 1] = pair->control;
+    return 0;
+}
+
+/* Copies the AMD fixed part out of the page; -XENPMU_EINVAL if the page holds no AMD context
+ * or its bank geometry is invalid. */
+static inline int xenpmu_amd_ctxt_get(const xenpmu_page *page, xenpmu_amd_ctxt *out)
+{
+    if (page->header.vendor != XENPMU_VENDOR_AMD)
+        return -XENPMU_EINVAL;
+    XENPMU_MEMCPY(out, page->vendor.words, sizeof(*out));
+    if (xenpmu_bank_check(out->counters, out->counter_count, 8) != 0 ||
+        xenpmu_bank_check(out->ctrls, out->counter_count, 8) != 0)
+        return -XENPMU_EINVAL;
+    return 0;
+}
+
+/* Writes the guest-writable words of the AMD fixed part (after the bank geometry). */
+static inline int xenpmu_amd_ctxt_set(xenpmu_page *page, const xenpmu_amd_ctxt *in)
+{
+    const size_t geometry = offsetof(xenpmu_amd_ctxt, global_ctrl);
+    if (page->header.vendor != XENPMU_VENDOR_AMD)
+        return -XENPMU_EINVAL;
+    XENPMU_MEMCPY((char *)page->vendor.words + geometry, (const char *)in + geometry,
+                  sizeof(*in) - geometry);
+    return 0;
+}
+
+/* Index of the vendor-area word of AMD counter (ctrl == 0) or control (ctrl != 0) `index`, or -1. */
+static inline int xenpmu_amd_word(const xenpmu_page *page, uint32_t index, int ctrl)
+{
+    xenpmu_amd_ctxt ctxt;
+    if (xenpmu_amd_ctxt_get(page, &ctxt) != 0 || index >= ctxt.counter_count)
+        return -1;
+    return (int)(((ctrl ? ctxt.ctrls : ctxt.counters) + 8 * index) / 8);
+}
+
+/* AMD counter `index` (PERF_CTRn). */
+static inline int xenpmu_amd_counter_get(const xenpmu_page *page, uint32_t index, uint64_t *value)
+{
+    int word = xenpmu_amd_word(page, index, 0);
+    if (word < 0)
+        return -XENPMU_EINVAL;
+    *value = page->vendor.words[word];
+    return 0;
+}
+
+/* Sets AMD counter `index` (inside the cached window). */
+static inline int xenpmu_amd_counter_set(xenpmu_page *page, uint32_t index, uint64_t value)
+{
+    int word = xenpmu_amd_word(page, index, 0);
+    if (word < 0)
+        return -XENPMU_EINVAL;
+    page->vendor.words[word] = value;
+    return 0;
+}
+
+/* AMD control `index` (PERF_CTLn). */
+static inline int xenpmu_amd_ctrl_get(const xenpmu_page *page, uint32_t index, uint64_t *value)
+{
+    int word = xenpmu_amd_word(page, index, 1);
+    if (word < 0)
+        return -XENPMU_EINVAL;
+    *value = page->vendor.words[word];
+    return 0;
+}
+
+/* Sets AMD control `index` (inside the cached window). */
+static inline int xenpmu_amd_ctrl_set(xenpmu_page *page, uint32_t index, uint64_t value)
+{
+    int word = xenpmu_amd_word(page, index, 1);
+    if (word < 0)
+        return -XENPMU_EINVAL;
+    page->vendor.words[word] = value;
+    return 0;
 }
 
 /* Layout assertions, generated from the Rust compiler's sizes and offsets. */

@@ -257,3 +257,310 @@ impl<'a> PageViewMut<'a> {
         Ok(result)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use zerocopy::{FromBytes, IntoBytes};
+
+    use super::*;
+    use crate::writer::{VendorLayout, init_page};
+    use crate::{XENPMU_VENDOR_AREA_SIZE, XENPMU_VENDOR_CTXT_SIZE};
+
+    fn intel_page() -> Page {
+        let mut page = Page::zeroed();
+        init_page(
+            &mut page,
+            &VendorLayout::Intel(IntelBanks::new(3, 4).unwrap()),
+        );
+        page
+    }
+
+    fn amd_page() -> Page {
+        let mut page = Page::zeroed();
+        init_page(&mut page, &VendorLayout::Amd(AmdBanks::new(6).unwrap()));
+        page
+    }
+
+    #[test]
+    fn valid_page_is_accepted() {
+        let page = intel_page();
+        let view = PageView::new(&page).unwrap();
+        assert_eq!(view.minor(), crate::XENPMU_VERSION_MINOR);
+        let intel = view.intel().unwrap();
+        assert_eq!(
+            (intel.banks().fixed_count(), intel.banks().arch_count()),
+            (3, 4)
+        );
+        assert_eq!(intel.fixed_counter(2), Ok(0));
+        assert!(!view.is_cached());
+        assert_eq!(view.lvtpc(), XENPMU_LVTPC_MASKED);
+    }
+
+    #[test]
+    fn wrong_magic_is_refused_before_anything_else() {
+        let mut page = intel_page();
+        page.header.magic = 0x1234_5678;
+        page.header.version_major = 9;
+        assert_eq!(
+            PageView::new(&page).unwrap_err(),
+            AbiError::BadMagic { found: 0x1234_5678 }
+        );
+        assert_eq!(Page::zeroed().header.magic, 0);
+        assert!(matches!(
+            PageView::new(&Page::zeroed()),
+            Err(AbiError::BadMagic { found: 0 })
+        ));
+    }
+
+    #[test]
+    fn newer_minor_with_larger_defined_part_is_accepted() {
+        let mut page = intel_page();
+        page.header.version_minor = 7;
+        page.header.defined_size = 2048;
+        let view = PageView::new(&page).unwrap();
+        assert_eq!(view.minor(), 7);
+        assert!(view.intel().is_ok());
+    }
+
+    #[test]
+    fn older_and_newer_majors_are_refused() {
+        for major in [0, crate::XENPMU_VERSION_MAJOR + 1, u16::MAX] {
+            let mut page = intel_page();
+            page.header.version_major = major;
+            assert_eq!(
+                PageView::new(&page).unwrap_err(),
+                AbiError::MajorMismatch { found: major }
+            );
+        }
+    }
+
+    #[test]
+    fn bad_defined_sizes_are_refused() {
+        for size in [0, XENPMU_DEFINED_SIZE_1_0 - 8, 4104, 1284, u32::MAX] {
+            let mut page = intel_page();
+            page.header.defined_size = size;
+            assert_eq!(
+                PageView::new(&page).unwrap_err(),
+                AbiError::DefinedSizeInvalid { found: size }
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_and_wrong_vendors_are_refused() {
+        let mut page = intel_page();
+        page.header.vendor = 3;
+        assert_eq!(
+            PageView::new(&page).unwrap_err(),
+            AbiError::UnknownVendor { found: 3 }
+        );
+        let page = intel_page();
+        let view = PageView::new(&page).unwrap();
+        assert_eq!(
+            view.amd().unwrap_err(),
+            AbiError::WrongVendor {
+                expected: XENPMU_VENDOR_AMD,
+                found: XENPMU_VENDOR_INTEL
+            }
+        );
+        let page = amd_page();
+        assert!(PageView::new(&page).unwrap().intel().is_err());
+        assert!(PageView::new(&page).unwrap().amd().is_ok());
+    }
+
+    fn with_intel_geometry(
+        fixed_at: u32,
+        fixed: u32,
+        arch_at: u32,
+        arch: u32,
+    ) -> Result<(), AbiError> {
+        let mut page = intel_page();
+        let mut ctxt = page.vendor.intel_ctxt();
+        ctxt.fixed_counters = fixed_at;
+        ctxt.fixed_count = fixed;
+        ctxt.arch_counters = arch_at;
+        ctxt.arch_count = arch;
+        page.vendor.set_intel_ctxt(&ctxt);
+        PageView::new(&page)?.intel().map(|_| ())
+    }
+
+    #[test]
+    fn bank_offsets_outside_the_vendor_area_are_refused() {
+        let area = XENPMU_VENDOR_AREA_SIZE as u32;
+        // Past the end, straddling the end, inside the fixed part, misaligned, absurd counts.
+        assert!(matches!(
+            with_intel_geometry(area, 1, 128, 1),
+            Err(AbiError::BankOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            with_intel_geometry(64, 1, area - 8, 1),
+            Err(AbiError::BankOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            with_intel_geometry(8, 1, 128, 1),
+            Err(AbiError::BankOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            with_intel_geometry(65, 1, 128, 1),
+            Err(AbiError::BankOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            with_intel_geometry(64, u32::MAX, 128, 1),
+            Err(AbiError::BankOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            with_intel_geometry(u32::MAX, 1, 128, 1),
+            Err(AbiError::BankOutOfBounds { .. })
+        ));
+        assert_eq!(
+            with_intel_geometry(64, 4, 80, 1),
+            Err(AbiError::BanksOverlap)
+        );
+        // Exactly filling the area is fine; empty banks anywhere in range are fine.
+        assert_eq!(with_intel_geometry(64, 0, 64, (area - 64) / 16), Ok(()));
+        assert_eq!(with_intel_geometry(area - 8, 1, 64, 0), Ok(()));
+    }
+
+    #[test]
+    fn amd_bank_offsets_are_checked_too() {
+        let mut page = amd_page();
+        let mut ctxt = page.vendor.amd_ctxt();
+        ctxt.ctrls = (XENPMU_VENDOR_AREA_SIZE - 16) as u32;
+        page.vendor.set_amd_ctxt(&ctxt);
+        assert!(matches!(
+            PageView::new(&page).unwrap().amd(),
+            Err(AbiError::BankOutOfBounds { .. })
+        ));
+        ctxt.ctrls = ctxt.counters + 8;
+        page.vendor.set_amd_ctxt(&ctxt);
+        assert_eq!(
+            PageView::new(&page).unwrap().amd().unwrap_err(),
+            AbiError::BanksOverlap
+        );
+    }
+
+    #[test]
+    fn indices_beyond_the_count_are_refused() {
+        let page = amd_page();
+        let view = PageView::new(&page).unwrap();
+        let amd = view.amd().unwrap();
+        assert_eq!(amd.counter(5), Ok(0));
+        assert_eq!(
+            amd.ctrl(6),
+            Err(AbiError::IndexOutOfRange {
+                bank: "amd ctrls",
+                index: 6,
+                count: 6
+            })
+        );
+    }
+
+    #[test]
+    fn from_bytes_wants_one_aligned_page() {
+        let page = intel_page();
+        let bytes = page.as_bytes();
+        assert!(PageView::from_bytes(bytes).is_ok());
+        assert_eq!(
+            PageView::from_bytes(&bytes[..100]).unwrap_err(),
+            AbiError::NotAPage { len: 100 }
+        );
+        // An odd start address is refused rather than read unaligned.
+        let words = [0u64; 513];
+        let misaligned = &words.as_bytes()[1..4097];
+        assert_eq!(
+            PageView::from_bytes(misaligned).unwrap_err(),
+            AbiError::NotAPage { len: 4096 }
+        );
+    }
+
+    #[test]
+    fn guest_edits_cannot_change_the_bank_geometry() {
+        let mut page = intel_page();
+        let mut view = PageViewMut::new(&mut page).unwrap();
+        view.set_lvtpc_masked(false);
+        view.edit_intel(|ctxt, banks, area| {
+            ctxt.global_ctrl = 0x7;
+            ctxt.fixed_counters = 999;
+            ctxt.arch_count = 100;
+            banks
+                .set_pair(
+                    area,
+                    1,
+                    CounterPair {
+                        counter: 5,
+                        control: 6,
+                    },
+                )
+                .unwrap();
+        })
+        .unwrap();
+        let view = PageView::new(&page).unwrap();
+        assert_eq!(view.lvtpc() & XENPMU_LVTPC_MASKED, 0);
+        let intel = view.intel().unwrap();
+        assert_eq!(intel.ctxt().global_ctrl, 0x7);
+        assert_eq!(intel.banks(), IntelBanks::new(3, 4).unwrap());
+        assert_eq!(
+            intel.pair(1),
+            Ok(CounterPair {
+                counter: 5,
+                control: 6
+            })
+        );
+        assert!(
+            PageViewMut::new(&mut page)
+                .unwrap()
+                .edit_amd(|_, _, _| ())
+                .is_err()
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_pages_never_panic(
+            words in proptest::collection::vec(any::<u64>(), 512),
+            make_header_valid in any::<bool>(),
+            vendor in 0u32..4,
+        ) {
+            let mut page = Page::read_from_bytes(words.as_bytes()).unwrap();
+            if make_header_valid {
+                page.header.magic = XENPMU_MAGIC;
+                page.header.version_major = XENPMU_VERSION_MAJOR;
+                page.header.defined_size = XENPMU_DEFINED_SIZE_1_0;
+                page.header.vendor = vendor;
+            }
+            if let Ok(view) = PageView::new(&page) {
+                if let Ok(intel) = view.intel() {
+                    let banks = intel.banks();
+                    for i in 0..banks.fixed_count() as usize {
+                        prop_assert!(intel.fixed_counter(i).is_ok());
+                    }
+                    for i in 0..banks.arch_count() as usize {
+                        prop_assert!(intel.pair(i).is_ok());
+                    }
+                    prop_assert!(intel.fixed_counter(banks.fixed_count() as usize).is_err());
+                }
+                if let Ok(amd) = view.amd() {
+                    for i in 0..amd.banks().count() as usize {
+                        prop_assert!(amd.counter(i).is_ok() && amd.ctrl(i).is_ok());
+                    }
+                    prop_assert!(amd.ctrl(amd.banks().count() as usize).is_err());
+                }
+            }
+        }
+
+        #[test]
+        fn geometry_is_accepted_exactly_when_banks_fit_and_are_disjoint(
+            fixed_at in 0u32..1100, fixed in 0u32..140, arch_at in 0u32..1100, arch in 0u32..70,
+        ) {
+            let fits = |at: u32, count: u32, entry: u32| {
+                at % 8 == 0 && at as usize >= XENPMU_VENDOR_CTXT_SIZE
+                    && (at + count * entry) as usize <= XENPMU_VENDOR_AREA_SIZE
+            };
+            let (fixed_end, arch_end) = (fixed_at + 8 * fixed, arch_at + 16 * arch);
+            let overlap = fixed > 0 && arch > 0 && fixed_at < arch_end && arch_at < fixed_end;
+            let expected_ok = fits(fixed_at, fixed, 8) && fits(arch_at, arch, 16) && !overlap;
+            prop_assert_eq!(with_intel_geometry(fixed_at, fixed, arch_at, arch).is_ok(), expected_ok);
+        }
+    }
+}

@@ -273,3 +273,73 @@ pub fn is_valid_mode(mode: u64) -> bool {
 pub fn is_valid_features(features: u64) -> bool {
     features & !XENPMU_FEATURE_MASK == 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_numbers_round_trip_and_unknown_ones_are_not_supported() {
+        for (number, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(op.number(), number as u32);
+            assert_eq!(Op::from_number(number as u32), Ok(*op));
+        }
+        for number in [XENPMU_OP_COUNT, 20, u32::MAX] {
+            assert_eq!(Op::from_number(number), Err(OpError::NotSupported));
+        }
+    }
+
+    #[test]
+    fn only_the_setters_are_privileged() {
+        for op in [Op::ModeSet, Op::FeatureSet] {
+            assert!(op.is_privileged(), "{op:?}");
+        }
+        for op in [
+            Op::ModeGet,
+            Op::FeatureGet,
+            Op::Init,
+            Op::Finish,
+            Op::LvtpcSet,
+            Op::Flush,
+        ] {
+            assert!(!op.is_privileged(), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn errors_have_distinct_errnos_that_decode_back() {
+        for (i, a) in OpError::ALL.iter().enumerate() {
+            for b in &OpError::ALL[i + 1..] {
+                assert_ne!(a.errno(), b.errno());
+            }
+            assert_eq!(OpError::from_return_value(a.return_value()), Some(Err(*a)));
+        }
+        assert_eq!(OpError::from_return_value(0), Some(Ok(())));
+        assert_eq!(OpError::from_return_value(-4), None);
+        assert_eq!(OpError::from_return_value(5), None);
+    }
+
+    #[test]
+    fn mode_and_feature_validity() {
+        for mode in [
+            XENPMU_MODE_OFF,
+            XENPMU_MODE_SELF,
+            XENPMU_MODE_HV,
+            XENPMU_MODE_ALL,
+        ] {
+            assert!(is_valid_mode(mode));
+        }
+        assert!(!is_valid_mode(XENPMU_MODE_SELF | XENPMU_MODE_HV));
+        assert!(!is_valid_mode(1 << 3));
+        assert!(is_valid_features(XENPMU_FEATURE_MASK));
+        assert!(!is_valid_features(1 << 3));
+    }
+
+    #[test]
+    fn params_carry_this_version() {
+        let params = Params::new(0x1234, 2);
+        assert_eq!(params.version.major, u32::from(crate::XENPMU_VERSION_MAJOR));
+        assert_eq!(params.version.minor, u32::from(crate::XENPMU_VERSION_MINOR));
+        assert_eq!((params.val, params.vcpu, params._pad0), (0x1234, 2, 0));
+    }
+}

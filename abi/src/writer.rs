@@ -99,3 +99,134 @@ pub fn copy_vendor_area(page: &Page) -> VendorArea {
 pub fn guest_lvtpc_masked(lapic_lvtpc: u32) -> bool {
     lapic_lvtpc & XENPMU_LVTPC_MASKED != 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::PageView;
+    use crate::page::{XENPMU_REGS_MODE_32, XENPMU_REGS_MODE_64};
+    use crate::vendor::CounterPair;
+
+    #[test]
+    fn init_writes_header_geometry_and_a_masked_lvtpc() {
+        let mut page = Page::zeroed();
+        page.pmu_flags = 0xff;
+        page._reserved1[7] = 1;
+        let banks = IntelBanks::new(4, 8).unwrap();
+        init_page(&mut page, &VendorLayout::Intel(banks));
+        assert_eq!(page.header, current_header(&VendorLayout::Intel(banks)));
+        assert_eq!(page.header.vendor, XENPMU_VENDOR_INTEL);
+        assert_eq!(
+            (page.pmu_flags, page._reserved1[7]),
+            (0, 0),
+            "init zeroes the page"
+        );
+        assert!(guest_lvtpc_masked(page.lapic_lvtpc));
+        let ctxt = page.vendor.intel_ctxt();
+        assert_eq!(
+            (
+                ctxt.fixed_counters,
+                ctxt.fixed_count,
+                ctxt.arch_counters,
+                ctxt.arch_count
+            ),
+            (64, 4, 96, 8)
+        );
+        assert_eq!(
+            PageView::new(&page).unwrap().intel().unwrap().banks(),
+            banks
+        );
+    }
+
+    #[test]
+    fn canonical_amd_geometry() {
+        let mut page = Page::zeroed();
+        init_page(&mut page, &VendorLayout::Amd(AmdBanks::new(6).unwrap()));
+        let ctxt = page.vendor.amd_ctxt();
+        assert_eq!(
+            (ctxt.counters, ctxt.ctrls, ctxt.counter_count),
+            (64, 112, 6)
+        );
+        assert_eq!(page.header.vendor, XENPMU_VENDOR_AMD);
+    }
+
+    #[test]
+    fn counters_that_do_not_fit_are_refused() {
+        // 64 + 8*4 + 16*60 = 1056 > 1024.
+        assert!(IntelBanks::new(4, 60).is_err());
+        assert!(IntelBanks::new(4, 58).is_ok());
+        assert!(AmdBanks::new(120).is_err());
+        assert!(AmdBanks::new(60).is_ok());
+        assert!(IntelBanks::new(u32::MAX, u32::MAX).is_err());
+    }
+
+    #[test]
+    fn published_sample_flags_follow_the_register_mode() {
+        let mut page = Page::zeroed();
+        init_page(&mut page, &VendorLayout::Amd(AmdBanks::new(4).unwrap()));
+        let identity = Identity {
+            domain_id: 7,
+            vcpu_id: 1,
+            pcpu_id: 1,
+            _pad0: 0,
+        };
+        let kernel = Regs {
+            rip: 0xffff_8000_0000_1000,
+            mode: XENPMU_REGS_MODE_64,
+            ..Regs::default()
+        };
+        publish_sample(&mut page, &identity, &kernel);
+        assert_eq!(page.pmu_flags, XENPMU_FLAG_CACHED);
+        let user = Regs {
+            mode: XENPMU_REGS_MODE_32 | XENPMU_REGS_MODE_USER,
+            cpl: 3,
+            ..Regs::default()
+        };
+        publish_sample(&mut page, &identity, &user);
+        assert_eq!(page.pmu_flags, XENPMU_FLAG_CACHED | XENPMU_FLAG_SAMPLE_USER);
+        let real = Regs {
+            mode: XENPMU_REGS_MODE_REAL,
+            ..Regs::default()
+        };
+        publish_sample(&mut page, &identity, &real);
+        assert_eq!(page.pmu_flags, XENPMU_FLAG_CACHED | XENPMU_FLAG_SAMPLE_REAL);
+        clear_cached(&mut page);
+        assert_eq!(page.pmu_flags, XENPMU_FLAG_SAMPLE_REAL);
+        assert_eq!(page.identity, identity);
+    }
+
+    #[test]
+    fn the_vendor_copy_is_detached_from_the_page() {
+        let mut page = Page::zeroed();
+        let banks = IntelBanks::new(3, 8).unwrap();
+        init_page(&mut page, &VendorLayout::Intel(banks));
+        banks
+            .set_pair(
+                &mut page.vendor,
+                7,
+                CounterPair {
+                    counter: 1,
+                    control: 2,
+                },
+            )
+            .unwrap();
+        let copy = copy_vendor_area(&page);
+        banks
+            .set_pair(
+                &mut page.vendor,
+                7,
+                CounterPair {
+                    counter: 9,
+                    control: 9,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            banks.pair(&copy, 7),
+            Ok(CounterPair {
+                counter: 1,
+                control: 2
+            })
+        );
+    }
+}
