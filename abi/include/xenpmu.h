@@ -607,9 +607,14 @@ typedef struct xenpmu_page {
    */
   struct xenpmu_regs regs;
   /**
+   * Samples for this page that the hypervisor dropped because the previous one was still
+   * cached, counted since init (hypervisor-written; read-only for the guest).
+   */
+  uint64_t dropped_samples;
+  /**
    * Reserved, zero; a later minor version may define it.
    */
-  uint8_t _reserved0[40];
+  uint8_t _reserved0[32];
   /**
    * Vendor counter context (`xenpmu_intel_ctxt` or `xenpmu_amd_ctxt` and their banks, per `xenpmu_header.vendor`).
    */
@@ -688,8 +693,7 @@ static inline int xenpmu_page_check(const xenpmu_page *page)
     if (page->header.defined_size < XENPMU_DEFINED_SIZE_1_0 ||
         page->header.defined_size > XENPMU_PAGE_SIZE || (page->header.defined_size % 8) != 0)
         return -XENPMU_EINVAL;
-    if (page->header.vendor > XENPMU_VENDOR_AMD)
-        return -XENPMU_EINVAL;
+    /* An unknown vendor is not an error: the sample stays readable, the vendor context does not. */
     return 0;
 }
 
@@ -1003,8 +1007,10 @@ XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, _pad0) == 44, "offsetof(xenpmu_page, 
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->_pad0) == 4, "sizeof(xenpmu_page._pad0)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, regs) == 48, "offsetof(xenpmu_page, regs)");
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->regs) == 168, "sizeof(xenpmu_page.regs)");
-XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, _reserved0) == 216, "offsetof(xenpmu_page, _reserved0)");
-XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->_reserved0) == 40, "sizeof(xenpmu_page._reserved0)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, dropped_samples) == 216, "offsetof(xenpmu_page, dropped_samples)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->dropped_samples) == 8, "sizeof(xenpmu_page.dropped_samples)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, _reserved0) == 224, "offsetof(xenpmu_page, _reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->_reserved0) == 32, "sizeof(xenpmu_page._reserved0)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, vendor) == 256, "offsetof(xenpmu_page, vendor)");
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->vendor) == 1024, "sizeof(xenpmu_page.vendor)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, _reserved1) == 1280, "offsetof(xenpmu_page, _reserved1)");

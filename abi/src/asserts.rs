@@ -95,7 +95,8 @@ const_assert_eq!(offset_of!(Page, pmu_flags), 32);
 const_assert_eq!(offset_of!(Page, lapic_lvtpc), 40);
 const_assert_eq!(offset_of!(Page, _pad0), 44);
 const_assert_eq!(offset_of!(Page, regs), 48);
-const_assert_eq!(offset_of!(Page, _reserved0), 216);
+const_assert_eq!(offset_of!(Page, dropped_samples), 216);
+const_assert_eq!(offset_of!(Page, _reserved0), 224);
 const_assert_eq!(offset_of!(Page, vendor), 256);
 const_assert_eq!(offset_of!(Page, _reserved1), 1280);
 

@@ -10,8 +10,7 @@ use crate::error::AbiError;
 use crate::page::{
     Header, Identity, Page, Regs, XENPMU_DEFINED_SIZE_1_0, XENPMU_FLAG_CACHED,
     XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED, XENPMU_MAGIC,
-    XENPMU_PAGE_SIZE, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL, XENPMU_VENDOR_NONE,
-    XENPMU_VERSION_MAJOR,
+    XENPMU_PAGE_SIZE, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL, XENPMU_VERSION_MAJOR,
 };
 use crate::vendor::{AmdBanks, AmdCtxt, CounterPair, IntelBanks, IntelCtxt, VendorArea};
 
@@ -31,10 +30,9 @@ pub fn check_header(header: &Header) -> Result<(), AbiError> {
     if size < XENPMU_DEFINED_SIZE_1_0 || size as usize > XENPMU_PAGE_SIZE || size % 8 != 0 {
         return Err(AbiError::DefinedSizeInvalid { found: size });
     }
-    match header.vendor {
-        XENPMU_VENDOR_NONE | XENPMU_VENDOR_INTEL | XENPMU_VENDOR_AMD => Ok(()),
-        found => Err(AbiError::UnknownVendor { found }),
-    }
+    // An unknown vendor is not an error here: a later minor may add one, and the identity and
+    // registers stay readable; only its vendor context is out of reach.
+    Ok(())
 }
 
 /// A page whose header has been checked.
@@ -96,6 +94,11 @@ impl<'a> PageView<'a> {
     /// The sampled registers.
     pub fn regs(&self) -> Regs {
         self.page.regs
+    }
+
+    /// Samples dropped because the previous one was still cached, since init.
+    pub fn dropped_samples(&self) -> u64 {
+        self.page.dropped_samples
     }
 
     /// The guest's virtual LVTPC as stored in the page.
@@ -348,13 +351,19 @@ mod tests {
     }
 
     #[test]
-    fn unknown_and_wrong_vendors_are_refused() {
+    fn unknown_vendor_keeps_the_sample_readable_but_not_the_context() {
         let mut page = intel_page();
         page.header.vendor = 3;
-        assert_eq!(
-            PageView::new(&page).unwrap_err(),
-            AbiError::UnknownVendor { found: 3 }
-        );
+        page.regs.rip = 0x1234;
+        let view = PageView::new(&page).unwrap();
+        assert_eq!(view.regs().rip, 0x1234);
+        let wrong = |expected| AbiError::WrongVendor { expected, found: 3 };
+        assert_eq!(view.intel().unwrap_err(), wrong(XENPMU_VENDOR_INTEL));
+        assert_eq!(view.amd().unwrap_err(), wrong(XENPMU_VENDOR_AMD));
+    }
+
+    #[test]
+    fn wrong_vendors_are_refused() {
         let page = intel_page();
         let view = PageView::new(&page).unwrap();
         assert_eq!(

@@ -24,11 +24,6 @@ pub enum AbiError {
         /// The size found.
         found: u32,
     },
-    /// `Header::vendor` is not a known `XENPMU_VENDOR_*` value.
-    UnknownVendor {
-        /// The vendor found.
-        found: u32,
-    },
     /// The page holds another vendor's context than the one asked for (or none).
     WrongVendor {
         /// The `XENPMU_VENDOR_*` value asked for.
@@ -72,7 +67,6 @@ impl core::fmt::Display for AbiError {
                 crate::XENPMU_VERSION_MAJOR
             ),
             AbiError::DefinedSizeInvalid { found } => write!(f, "invalid defined size {found}"),
-            AbiError::UnknownVendor { found } => write!(f, "unknown vendor {found}"),
             AbiError::WrongVendor { expected, found } => {
                 write!(f, "page holds vendor context {found}, not {expected}")
             }

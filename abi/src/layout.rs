@@ -118,6 +118,7 @@ pub const STRUCTS: &[StructLayout] = &[
             lapic_lvtpc,
             _pad0,
             regs,
+            dropped_samples,
             _reserved0,
             vendor,
             _reserved1

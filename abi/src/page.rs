@@ -203,8 +203,11 @@ pub struct Page {
     pub _pad0: u32,
     /// Sampled registers (hypervisor-written at each sample).
     pub regs: Regs,
+    /// Samples for this page that the hypervisor dropped because the previous one was still
+    /// cached, counted since init (hypervisor-written; read-only for the guest).
+    pub dropped_samples: u64,
     /// Reserved, zero; a later minor version may define it.
-    pub _reserved0: [u8; 40],
+    pub _reserved0: [u8; 32],
     /// Vendor counter context (`IntelCtxt` or `AmdCtxt` and their banks, per `Header::vendor`).
     pub vendor: VendorArea,
     /// Reserved, zero; a later minor version may define it.

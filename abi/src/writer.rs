@@ -83,6 +83,11 @@ pub fn publish_sample(page: &mut Page, identity: &Identity, regs: &Regs) {
     page.pmu_flags = sample_flags(regs) | XENPMU_FLAG_CACHED;
 }
 
+/// Counts a sample dropped because the page's previous sample was still cached.
+pub fn record_dropped_sample(page: &mut Page) {
+    page.dropped_samples = page.dropped_samples.wrapping_add(1);
+}
+
 /// Ends the cached window in the page (after a successful flush).
 pub fn clear_cached(page: &mut Page) {
     page.pmu_flags &= !XENPMU_FLAG_CACHED;
@@ -192,6 +197,9 @@ mod tests {
         assert_eq!(page.pmu_flags, XENPMU_FLAG_CACHED | XENPMU_FLAG_SAMPLE_REAL);
         clear_cached(&mut page);
         assert_eq!(page.pmu_flags, XENPMU_FLAG_SAMPLE_REAL);
+        record_dropped_sample(&mut page);
+        record_dropped_sample(&mut page);
+        assert_eq!(PageView::new(&page).unwrap().dropped_samples(), 2);
         assert_eq!(page.identity, identity);
     }
 

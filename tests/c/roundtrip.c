@@ -55,6 +55,7 @@ static void fill_common(xenpmu_page *p, uint32_t vendor)
     p->identity.pcpu_id = 1;
     p->pmu_flags = XENPMU_FLAG_CACHED | XENPMU_FLAG_SAMPLE_USER;
     p->lapic_lvtpc = XENPMU_LVTPC_MASKED;
+    p->dropped_samples = xp_pattern(50);
     for (i = 0; i < 18; i++)
         *reg_slot(&p->regs, i) = xp_pattern((uint32_t)i);
     p->regs.cs = 0x33;
@@ -79,6 +80,7 @@ static void check_common(xenpmu_page *p, uint32_t vendor)
     expect("pcpu_id", p->identity.pcpu_id, 1);
     expect("pmu_flags", p->pmu_flags, XENPMU_FLAG_CACHED | XENPMU_FLAG_SAMPLE_USER);
     expect("lapic_lvtpc", p->lapic_lvtpc, XENPMU_LVTPC_MASKED);
+    expect("dropped_samples", p->dropped_samples, xp_pattern(50));
     for (i = 0; i < 18; i++) {
         snprintf(name, sizeof(name), "reg %d", i);
         expect(name, *reg_slot(&p->regs, i), xp_pattern((uint32_t)i));

@@ -131,6 +131,7 @@ pub fn pattern_page(vendor: Vendor) -> Page {
         }
     }
     publish_sample(&mut page, &pattern_identity(), &pattern_regs());
+    page.dropped_samples = pattern(50);
     page
 }
 

@@ -87,6 +87,7 @@ fn check_pattern_view(view: &PageView<'_>, vendor: Vendor) {
     assert_eq!(view.identity(), pattern_identity());
     assert_eq!(view.regs(), pattern_regs());
     assert_eq!(view.flags(), XENPMU_FLAG_CACHED | XENPMU_FLAG_SAMPLE_USER);
+    assert_eq!(view.dropped_samples(), pattern(50));
     assert!(view.is_cached() && view.sample_is_user() && !view.sample_is_real_mode());
     match vendor {
         Vendor::Intel => {
