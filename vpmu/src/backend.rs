@@ -1,0 +1,344 @@
+//! The interface a vendor backend implements and the core drives.
+//!
+//! A backend owns every rule about its vendor's PMU: which MSRs exist for the enumerated PMU,
+//! which guest writes are legal, how a context is saved and loaded, how an overflow shows
+//! itself, and how a context maps to the shared page's vendor area. The core never interprets
+//! a PMU register value itself; that keeps one owner for each MSR's validation.
+
+use vpmu_abi::{VendorArea, VendorLayout};
+
+use crate::msr::{Msr, MsrBus, MsrFault};
+
+/// Which vendor's PMU a backend drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Vendor {
+    /// Intel architectural performance monitoring.
+    Intel,
+    /// AMD (and Hygon) core performance counters.
+    Amd,
+}
+
+/// A set of counters in the global index space: general-purpose counter `i` is bit `i`, fixed
+/// counter `i` is bit `32 + i` — the bit layout of Intel's GLOBAL_CTRL and GLOBAL_STATUS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CounterSet(pub u64);
+
+impl CounterSet {
+    /// Bit of fixed counter 0.
+    pub const FIXED_BASE: u32 = 32;
+    /// The empty set.
+    pub const EMPTY: CounterSet = CounterSet(0);
+
+    /// General-purpose counter `index` (`index` < 32).
+    pub const fn gp(index: u32) -> Self {
+        CounterSet(1 << (index & 31))
+    }
+
+    /// Fixed counter `index` (`index` < 32).
+    pub const fn fixed(index: u32) -> Self {
+        CounterSet(1 << (Self::FIXED_BASE + (index & 31)))
+    }
+
+    /// General-purpose counters `0..count`.
+    pub const fn first_gp(count: u32) -> Self {
+        if count >= 32 {
+            CounterSet(0xffff_ffff)
+        } else {
+            CounterSet((1 << count) - 1)
+        }
+    }
+
+    /// Whether every counter of `other` is in `self`.
+    pub const fn contains(self, other: CounterSet) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Union.
+    pub const fn union(self, other: CounterSet) -> Self {
+        CounterSet(self.0 | other.0)
+    }
+
+    /// Intersection.
+    pub const fn intersection(self, other: CounterSet) -> Self {
+        CounterSet(self.0 & other.0)
+    }
+
+    /// Number of counters in the set.
+    pub const fn len(self) -> u32 {
+        self.0.count_ones()
+    }
+
+    /// The general-purpose part as a bitmap of indices.
+    pub const fn gp_bits(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The fixed part as a bitmap of indices.
+    pub const fn fixed_bits(self) -> u32 {
+        (self.0 >> Self::FIXED_BASE) as u32
+    }
+}
+
+/// What the enumerated PMU offers, in vendor-neutral terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PmuCapabilities {
+    /// The vendor.
+    pub vendor: Vendor,
+    /// Intel: architectural performance-monitoring version (CPUID.0AH:EAX[7:0]).
+    /// AMD: 1 without PerfMonV2, 2 with it.
+    pub version: u8,
+    /// Number of general-purpose counters.
+    pub gp_counters: u8,
+    /// Width of the general-purpose counters in bits.
+    pub gp_width: u8,
+    /// Fixed counters present, as a bitmap of indices (Intel; 0 on AMD).
+    pub fixed_counters: u32,
+    /// Width of the fixed counters in bits (Intel; 0 on AMD).
+    pub fixed_width: u8,
+    /// Whether global control/status registers exist (Intel v2+, AMD PerfMonV2).
+    pub global_ctrl: bool,
+    /// Intel: full-width counter writes through IA32_A_PMCx (PERF_CAPABILITIES bit 13).
+    pub full_width_writes: bool,
+}
+
+impl PmuCapabilities {
+    /// Every counter present, in the global index space.
+    pub fn all_counters(&self) -> CounterSet {
+        CounterSet::first_gp(u32::from(self.gp_counters)).union(CounterSet(
+            u64::from(self.fixed_counters) << CounterSet::FIXED_BASE,
+        ))
+    }
+}
+
+/// What happened to an intercepted guest RDMSR/WRMSR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MsrOutcome<T> {
+    /// The access was emulated (the read's value, or the write applied).
+    Handled(T),
+    /// The access is illegal for this PMU: inject #GP into the guest.
+    GeneralProtection,
+    /// Not a PMU MSR of this vendor; someone else owns it.
+    NotPmu,
+}
+
+/// A raw event selection as the event filter sees it: event select (12 bits on AMD, 8 on
+/// Intel) and unit mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RawEvent {
+    /// Event select.
+    pub select: u16,
+    /// Unit mask.
+    pub umask: u8,
+}
+
+/// Decides which events a guest may actually count. A denied event is not a fault: the
+/// guest reads back what it programmed, but the counter does not count (KVM's PMU event filter
+/// semantics). Feature restrictions (`XENPMU_FEATURE_IPC_ONLY`, `..._ARCH_ONLY`) are different:
+/// programming a forbidden event there is a #GP.
+pub trait EventFilter {
+    /// Whether a general-purpose counter programmed with `event` may count.
+    fn allows(&self, event: RawEvent) -> bool;
+    /// Whether fixed counter `index` may count.
+    fn allows_fixed(&self, index: u32) -> bool;
+}
+
+/// The filter that allows everything.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllowAll;
+
+impl EventFilter for AllowAll {
+    fn allows(&self, _event: RawEvent) -> bool {
+        true
+    }
+
+    fn allows_fixed(&self, _index: u32) -> bool {
+        true
+    }
+}
+
+/// The policy a backend applies to one guest's accesses.
+#[derive(Clone, Copy)]
+pub struct GuestPolicy<'a> {
+    /// Global `XENPMU_FEATURE_*` bits in force.
+    pub features: u64,
+    /// Per-domain event filter.
+    pub filter: &'a dyn EventFilter,
+    /// Whether this guest's counters may count while the hypervisor runs (the privileged
+    /// profiler in hv/all mode). Everyone else counts its own guest context only.
+    pub may_count_host: bool,
+}
+
+impl core::fmt::Debug for GuestPolicy<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("GuestPolicy")
+            .field("features", &self.features)
+            .field("may_count_host", &self.may_count_host)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuestPolicy<'static> {
+    /// No features, no filter, guest context only.
+    pub const fn guest_default() -> Self {
+        GuestPolicy {
+            features: 0,
+            filter: &AllowAll,
+            may_count_host: false,
+        }
+    }
+}
+
+/// Counters found overflowed at a PMI.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overflow {
+    /// Which counters overflowed (now recorded in the context's virtual status).
+    pub counters: CounterSet,
+    /// Whether any of them has its interrupt enable set, so a PMI is due to the guest.
+    pub interrupt: bool,
+}
+
+/// Why a guest-edited context from the shared page was refused at flush.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextError {
+    /// Which register of the context (e.g. `"global_ctrl"`, `"evtsel"`).
+    pub register: &'static str,
+    /// Counter index for banked registers, else `None`.
+    pub index: Option<u32>,
+    /// The value refused.
+    pub value: u64,
+}
+
+/// A vendor backend: everything vendor-specific the core needs.
+pub trait PmuBackend {
+    /// A vCPU's virtual PMU state (plain data, no heap). It is the authority for everything
+    /// except the counter and status values while the context is loaded on hardware.
+    type Context: Clone + core::fmt::Debug;
+
+    /// What the enumerated PMU offers.
+    fn capabilities(&self) -> &PmuCapabilities;
+
+    /// Every MSR number this vendor's PMU architecture defines, as inclusive ranges, whether or
+    /// not the enumerated PMU has it: an integrator routes all of them to the vPMU so that
+    /// absent ones fault instead of being answered by someone else.
+    fn msr_ranges(&self) -> &'static [(u32, u32)];
+
+    /// Whether `msr` belongs to this vendor's PMU (present or not).
+    fn owns(&self, msr: Msr) -> bool {
+        self.msr_ranges()
+            .iter()
+            .any(|&(first, last)| (first..=last).contains(&msr.0))
+    }
+
+    /// A context in the state the PMU has after reset.
+    fn new_context(&self) -> Self::Context;
+
+    /// Whether the context has anything that must be on the hardware while the vCPU runs
+    /// (an enabled counter, or state the guest can observe changing). A context that is not
+    /// active need not be loaded or saved at all.
+    fn is_active(&self, ctx: &Self::Context) -> bool;
+
+    /// Emulates a guest RDMSR. `hw` is the bus when the context is loaded on this CPU (live
+    /// counter values are then read from it); `None` when it is saved.
+    fn guest_read<B: MsrBus>(
+        &self,
+        ctx: &mut Self::Context,
+        hw: Option<&mut B>,
+        msr: Msr,
+    ) -> Result<MsrOutcome<u64>, MsrFault>;
+
+    /// Validates and emulates a guest WRMSR. Illegal values give `GeneralProtection` and change
+    /// nothing. `hw` as for `guest_read`: a loaded context is updated on the hardware too.
+    fn guest_write<B: MsrBus>(
+        &self,
+        ctx: &mut Self::Context,
+        hw: Option<&mut B>,
+        policy: &GuestPolicy<'_>,
+        msr: Msr,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault>;
+
+    /// Stops the context's counters on the hardware and reads their state back into `ctx`,
+    /// leaving the hardware clean (no counter enabled, no control left programmed) for the next
+    /// owner. Touches only the registers the context uses.
+    fn save<B: MsrBus>(&self, ctx: &mut Self::Context, hw: &mut B) -> Result<(), MsrFault>;
+
+    /// Programs clean hardware with `ctx`: values and controls first, global enables last.
+    /// Touches only the registers the context uses.
+    fn load<B: MsrBus>(&self, ctx: &Self::Context, hw: &mut B) -> Result<(), MsrFault>;
+
+    /// At a PMI, with `ctx` loaded: finds which counters overflowed, records them in the
+    /// context's virtual status and acknowledges them on the hardware.
+    fn handle_overflow<B: MsrBus>(
+        &self,
+        ctx: &mut Self::Context,
+        hw: &mut B,
+    ) -> Result<Overflow, MsrFault>;
+
+    /// Whether delivering a PMI through the virtual LVTPC sets its mask bit (Intel does, AMD
+    /// does not).
+    fn masks_lvtpc_on_pmi(&self) -> bool;
+
+    /// Where this backend puts its banks in the shared page.
+    fn page_layout(&self) -> VendorLayout;
+
+    /// Writes a saved context into the shared page's vendor area (bank geometry included).
+    fn context_to_page(&self, ctx: &Self::Context, area: &mut VendorArea);
+
+    /// Builds a context from a guest-edited vendor area (already copied out of the page).
+    /// `saved` is the context as it was when the sample was taken. Every register is verified
+    /// as a guest WRMSR of it would be; anything illegal is refused, never fixed up.
+    fn context_from_page(
+        &self,
+        area: &VendorArea,
+        saved: &Self::Context,
+        policy: &GuestPolicy<'_>,
+    ) -> Result<Self::Context, ContextError>;
+}
+
+/// Kinds of events a software PMU model can be fed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HwEvent {
+    /// Instructions retired.
+    Instructions,
+    /// Branch instructions retired.
+    Branches,
+    /// Unhalted core cycles.
+    CoreCycles,
+    /// Unhalted reference cycles.
+    RefCycles,
+    /// Last-level cache references.
+    LlcReferences,
+    /// Last-level cache misses.
+    LlcMisses,
+    /// Mispredicted branches retired.
+    BranchMisses,
+}
+
+/// The context an event happened in, as the PMU's gating sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExecMode {
+    /// Current privilege level (0–3); OS counting applies to 0, USR counting to 1–3
+    /// (Intel counts CPL>0 as user; so does this model).
+    pub cpl: u8,
+    /// Whether the CPU was in host (hypervisor) context rather than guest context.
+    pub host: bool,
+}
+
+/// A software model of a vendor's PMU: an MSR bus that behaves like the hardware, fed with
+/// events, with a PMI line.
+pub trait SoftwarePmu: MsrBus {
+    /// `n` events of `event` happened in `mode`: enabled counters that select it count them,
+    /// overflowing (status bit, PMI if enabled) exactly when they wrap.
+    fn count(&mut self, event: HwEvent, n: u64, mode: ExecMode);
+    /// Whether the PMI line is asserted.
+    fn pmi_pending(&self) -> bool;
+    /// Acknowledges the PMI line; returns whether it was asserted.
+    fn take_pmi(&mut self) -> bool;
+    /// The accesses this model has served.
+    fn access_stats(&self) -> crate::msr::MsrAccessStats;
+}
