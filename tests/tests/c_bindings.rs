@@ -165,3 +165,21 @@ fn params_cross_in_both_directions_at_both_widths() {
         assert_eq!(out, b"ok\n", "-m{width}");
     }
 }
+
+#[test]
+fn docs_abi_md_carries_the_current_layout_table() {
+    let path = workspace_root().join("docs/abi.md");
+    let doc = std::fs::read_to_string(&path).expect("read docs/abi.md");
+    let begin = doc
+        .find(vpmu_abi_header::DOC_LAYOUT_BEGIN)
+        .expect("layout begin marker in docs/abi.md");
+    let end = doc
+        .find(vpmu_abi_header::DOC_LAYOUT_END)
+        .expect("layout end marker in docs/abi.md");
+    let block = doc[begin + vpmu_abi_header::DOC_LAYOUT_BEGIN.len()..end].trim();
+    assert!(
+        block == vpmu_abi_header::doc_layout_block(),
+        "docs/abi.md's layout table is stale: paste the output of \
+         `cargo run -p vpmu-abi-header --bin abi-layout` between its markers"
+    );
+}
