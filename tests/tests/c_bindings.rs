@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use vpmu_abi::layout::STRUCTS;
 use vpmu_abi::{Page, PageView, Params, XENPMU_FLAG_CACHED, XENPMU_FLAG_SAMPLE_USER};
@@ -78,9 +79,22 @@ fn gcc_lays_out_every_struct_as_rust_does_at_m32_and_m64() {
     }
 }
 
+/// The round-trip program at `width`, compiled once per test process: tests run in parallel
+/// and must not rewrite an executable another test is running.
 fn roundtrip_exe(width: u32) -> PathBuf {
-    let source = workspace_root().join("tests/c/roundtrip.c");
-    compile(&source, width, &scratch(&format!("roundtrip_{width}")))
+    static BUILT: OnceLock<Vec<(u32, PathBuf)>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let source = workspace_root().join("tests/c/roundtrip.c");
+        WIDTHS
+            .iter()
+            .map(|&w| (w, compile(&source, w, &scratch(&format!("roundtrip_{w}")))))
+            .collect()
+    });
+    built
+        .iter()
+        .find(|(w, _)| *w == width)
+        .map(|(_, path)| path.clone())
+        .expect("a built width")
 }
 
 fn check_pattern_view(view: &PageView<'_>, vendor: Vendor) {

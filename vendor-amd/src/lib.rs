@@ -1,6 +1,85 @@
 //! # vpmu-amd: the AMD PMU backend
 //!
-//! Enumeration (K7, PerfCtrExtCore, PerfMonV2), the MSR map, write legality, save/restore and
-//! overflow detection for AMD PMUs. Filled in by the vendor-backend issue.
+//! Enumeration ([`AmdPmu`]: legacy K7, PerfCtrExtCore, PerfMonV2), the MSR map ([`msrs`]), write
+//! legality ([`policy`]), save/restore and overflow detection ([`AmdBackend`]) for AMD and Hygon
+//! core PMUs; and, behind the `model` feature, a software AMD PMU (`model::AmdPmuModel`).
+//!
+//! ## Policy
+//!
+//! **What faults (#GP).** Every MSR of the AMD core-PMU architecture is routed here
+//! ([`vpmu::PmuBackend::msr_ranges`]: `0xC000_0300–303`, `0xC001_0000–007`,
+//! `0xC001_0200–20B`), present or not, so absent ones fault rather than being answered by
+//! someone else. A guest access faults when:
+//! * the MSR is absent for the enumerated PMU: the interleaved block without PerfCtrExtCore,
+//!   the global block without PerfMonV2, any counter index at or beyond the counter count
+//!   (through either alias);
+//! * a PERF_CTL write has a reserved bit (63:42, 39:36, 21, 19) or HostOnly (see below);
+//! * a PERF_CTR write has a bit above the 48 counter bits;
+//! * a GlobalCtl or GlobalStatusSet write has a bit of an absent counter;
+//! * GlobalStatus (read-only) is written.
+//!
+//! **Reserved bits: refuse, never fix up.** The three existing behaviours are:
+//! AMD hardware (the APM asks software to preserve reserved fields; KVM's reading is "AMD
+//! ignores writes to reserved bits"), KVM (drops reserved bits silently: the guest reads back
+//! something else than it wrote), and Xen (snapshots the boot value of each control's reserved
+//! bits and requires every write to match it). This backend refuses any write with a reserved
+//! bit set, because:
+//! * Linux, the guest that matters, builds its controls from defined fields only and writes
+//!   zeros in the reserved ones, so refusing costs real guests nothing;
+//! * fail-closed: a value that reaches the hardware is exactly a value that was checked, never
+//!   an edited one whose meaning depends on a mask being right — the reserved set of a future
+//!   part may acquire a meaning (bits 35:32 and 41:40 did);
+//! * single owner: [`policy`] has one validator per register, used by both the WRMSR path and
+//!   the flush of a guest-edited page, so a refused value is refused on every path (XSA-269).
+//!
+//! The one exception is PerfCntrGlobalStatusClr: Linux acknowledges PerfMonV2 overflows by
+//! writing `~status` (every bit set), so any value is accepted and only the counter bits act.
+//! Clearing can only drop the guest's own status.
+//!
+//! Counter writes above 48 bits fault too; KVM masks them, the hardware ignores them. Linux
+//! masks its period to the counter width, so only a confused guest is affected.
+//!
+//! **Host-only / Guest-only (bits 41/40).** A guest may not count while the hypervisor runs.
+//! Unless the policy allows host counting ([`vpmu::GuestPolicy::may_count_host`], the
+//! privileged profiler), a PERF_CTL write with HostOnly faults, and the value programmed on the
+//! hardware always has GuestOnly set, so a counter stops at VM exit even when the guest wrote
+//! neither bit. A guest with host counting gets its value on the hardware as written. Either
+//! way the guest reads back exactly what it wrote. Refusing HostOnly rather than stripping it
+//! keeps the guest-visible value honest; Linux sets HostOnly only for `exclude_guest` events
+//! and masks it out of the hardware value unless it runs SVM guests itself, so in practice only
+//! a nested hypervisor would see the #GP.
+//!
+//! **Event filter.** An event the per-domain filter denies is programmed with EN clear; the
+//! guest reads back EN (KVM's filter semantics). `XENPMU_FEATURE_*` (IPC_ONLY, ARCH_ONLY,
+//! INTEL_BTS) describe Intel facilities and are ignored on AMD.
+//!
+//! **Save/load.** At rest the hardware is clean: every control 0 and, with PerfMonV2,
+//! GlobalCtl 0 and no status bit ([`AmdBackend::clean_hardware`] establishes it once per CPU).
+//! Only *live* counters (those programmed to count) are touched: `save` stops them (GlobalCtl
+//! first), reads them and folds PerfMonV2's status; `load` writes counters, then controls, then
+//! GlobalCtl. A context that never counted costs no access. PerfMonV2's GlobalCtl resets to
+//! all counters enabled, as KVM emulates the hardware RESET value. The virtual PerfMonV2 status
+//! stays in the context and is never put back on the hardware: guest reads combine it with the
+//! hardware's, and a counter that overflows again while its bit is pending is still seen.
+//!
+//! **Overflow.** With PerfMonV2 from GlobalStatus; before it from the counter's top bit
+//! (Linux's rule; limits in [`AmdBackend`]'s `handle_overflow`). AMD does not mask the LVTPC on
+//! PMI delivery.
 #![no_std]
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+mod backend;
+mod caps;
+mod context;
+pub mod msrs;
+pub mod policy;
+
+#[cfg(any(test, feature = "model"))]
+pub mod model;
+
+pub use backend::AmdBackend;
+pub use caps::{AmdPmu, EnumerationError, Lookup, PmuShape};
+pub use context::AmdContext;
+#[cfg(any(test, feature = "model"))]
+pub use model::{AmdPmuModel, ModelRegisters};

@@ -1,6 +1,94 @@
 //! # vpmu-intel: the Intel architectural-PMU backend
 //!
-//! CPUID leaf 0xA enumeration, the MSR map, write legality, save/restore and overflow detection
-//! for Intel PMUs. Filled in by the vendor-backend issue.
+//! [`IntelPmu`] implements the core's [`vpmu::PmuBackend`] for Intel architectural performance
+//! monitoring versions 2–5: enumeration ([`IntelCaps`], from CPUID leaf 0xA through raw-cpuid
+//! and IA32_PERF_CAPABILITIES), the MSR map ([`msrs`]), what a guest may write ([`GuestRules`]),
+//! save/restore and overflow collection, and the shared page's vendor area. With the `model`
+//! feature, [`IntelPmuModel`] is a software PMU that behaves like the hardware, and
+//! [`SyntheticCpuid`] describes any PMU shape as a CPUID.
+//!
+//! ## Enumeration
+//!
+//! * Version 1 (no GLOBAL_CTRL/STATUS) is refused, like Xen does; versions above 5 are driven
+//!   as version 5, whose registers are a subset of theirs.
+//! * At most 8 general-purpose counters (the MSR map's room) and fixed counters 0–3 (from
+//!   `EDX[4:0]` and, from v5, the ECX bitmap) are exposed. Counter widths must be 32..=64.
+//! * IA32_PERF_CAPABILITIES is consulted only with CPUID.1:ECX.PDCM, and only its FW_WRITE bit
+//!   (13) is used and shown to the guest.
+//!
+//! ## What is a #GP, and why
+//!
+//! Every mask is derived from the enumeration (Xen 31af0d7675). One validator per register
+//! serves both WRMSR and the shared-page flush, and it refuses rather than repairs.
+//!
+//! | register | refused | origin |
+//! |---|---|---|
+//! | any register of a counter beyond the enumerated ones | always | SDM |
+//! | IA32_PMCx (legacy) | never: bits 31:0 are sign-extended, then masked to the width | SDM, KVM |
+//! | IA32_A_PMCx | without FW_WRITE; bits above the width | SDM, kvm-unit-tests |
+//! | IA32_FIXED_CTRx | bits above the fixed width | Xen |
+//! | PERFEVTSELx | bits 63:32; AnyThread (21); Pin Control (19) | Xen 9f5390441a (sibling-thread leak), 8bf68dca65 (host crash) |
+//! | FIXED_CTR_CTRL | nibbles of absent counters; AnyThread (nibble bit 2) | Xen 9f5390441a |
+//! | GLOBAL_CTRL | bits of absent counters | Xen 31af0d7675, KVM selftests |
+//! | GLOBAL_STATUS | any write (read-only) | SDM |
+//! | GLOBAL_OVF_CTRL | bits other than counters, OvfBuffer (62), CondChgd (63) | Xen 31af0d7675 |
+//! | GLOBAL_STATUS_SET | before v4; bits other than counters and OvfBuffer | SDM |
+//! | PERF_CAPABILITIES | any write; any access without PDCM | SDM, KVM |
+//! | PEBS_ENABLE | anything but 0 | Xen fb424bf6b5 (model-specific reserved bits: whitelist) |
+//! | DS_AREA | non-zero without `XENPMU_FEATURE_INTEL_BTS`, without DS+DTES64, under IPC/ARCH-only, or non-canonical | Xen 5d0683a4f5 |
+//! | PERFEVTSELx under `XENPMU_FEATURE_IPC_ONLY` / `_ARCH_ONLY` | enabled with a `umask:event` outside Xen's tables | Xen e3cce1799d |
+//! | FIXED_CTR_CTRL under those features | enabling fixed counter 3 (topdown slots, in neither table) | Xen e3cce1799d |
+//!
+//! Deliberate differences from Xen, so that WRMSR and flush share one rule: a DS_AREA or
+//! PEBS_ENABLE write of 0 (their reset value, which enables nothing) is always accepted, and
+//! the feature whitelists judge only enabled selectors (guests clear selectors with arbitrary
+//! event bits). The per-domain [`vpmu::EventFilter`] is not a fault: a denied event reads back as
+//! written but its hardware enable is cleared.
+//!
+//! `GuestPolicy::may_count_host` has no effect here: Intel counters have no host/guest
+//! qualifiers. An integrator that must not count hypervisor time switches GLOBAL_CTRL at VM
+//! exit/entry (VMX MSR load lists), outside the backend.
+//!
+//! IA32_DEBUGCTL (0x1D9) is not a register of this backend: it must have a single validating
+//! owner (XSA-269), outside the vPMU.
+//!
+//! ## Context switch
+//!
+//! At rest every PERFEVTSELx, FIXED_CTR_CTRL and GLOBAL_CTRL on the hardware is 0; call
+//! [`IntelPmu::clean_hardware`] once per CPU before its first load to establish that. Save writes
+//! GLOBAL_CTRL ← 0 first, folds GLOBAL_STATUS into the context's virtual status (acknowledging
+//! it only if set), reads the counters in use and clears their controls; load writes values,
+//! then controls, then GLOBAL_CTRL. A context that never used a counter costs no access.
+//!
+//! Known limitation: without FW_WRITE the only way to write a counter is the legacy alias, so a
+//! saved value in `[2^31, 2^width − 2^31)` comes back sign-extended from bit 31 (Xen has the
+//! same limitation; every CPU with FW_WRITE is exact).
 #![no_std]
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+mod access;
+mod backend;
+mod caps;
+mod context;
+pub mod events;
+#[cfg(any(test, feature = "model"))]
+mod model;
+pub mod msrs;
+mod page;
+mod policy;
+mod switch;
+#[cfg(any(test, feature = "model"))]
+mod synthetic;
+
+pub use backend::{BackendError, IntelPmu};
+pub use caps::{
+    EnumerationError, FIXED_COUNTER_LIMIT, IntelCaps, MAX_GP_COUNTERS, MAX_SUPPORTED_VERSION,
+    MIN_SUPPORTED_VERSION, PERF_CAP_FW_WRITES,
+};
+pub use context::IntelContext;
+#[cfg(any(test, feature = "model"))]
+pub use model::{IntelPmuModel, ModelRegisters};
+pub use policy::{EVTSEL_GUEST_BITS, FIXED_GUEST_BITS, GuestRules, Refused};
+#[cfg(any(test, feature = "model"))]
+pub use synthetic::SyntheticCpuid;

@@ -237,6 +237,11 @@ pub trait PmuBackend {
     /// A context in the state the PMU has after reset.
     fn new_context(&self) -> Self::Context;
 
+    /// Puts a pCPU's PMU into the clean state `load` expects (no counter enabled, no control
+    /// programmed, no stale status), whatever firmware or a previous owner left there. Called
+    /// once per pCPU before its first load.
+    fn init_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault>;
+
     /// Whether the context has anything that must be on the hardware while the vCPU runs
     /// (an enabled counter, or state the guest can observe changing). A context that is not
     /// active need not be loaded or saved at all.
@@ -341,4 +346,40 @@ pub trait SoftwarePmu: MsrBus {
     fn take_pmi(&mut self) -> bool;
     /// The accesses this model has served.
     fn access_stats(&self) -> crate::msr::MsrAccessStats;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_sets_follow_the_global_ctrl_bit_layout() {
+        let set = CounterSet::gp(0)
+            .union(CounterSet::gp(3))
+            .union(CounterSet::fixed(1));
+        assert_eq!(set.0, 0b1001 | 1 << 33);
+        assert_eq!(
+            (set.gp_bits(), set.fixed_bits(), set.len()),
+            (0b1001, 0b10, 3)
+        );
+        assert!(set.contains(CounterSet::gp(3)) && !set.contains(CounterSet::fixed(0)));
+        assert_eq!(set.intersection(CounterSet::first_gp(2)), CounterSet::gp(0));
+        assert_eq!(CounterSet::first_gp(0), CounterSet::EMPTY);
+        assert_eq!(CounterSet::first_gp(40).0, 0xffff_ffff);
+    }
+
+    #[test]
+    fn capabilities_list_present_counters() {
+        let caps = PmuCapabilities {
+            vendor: Vendor::Intel,
+            version: 5,
+            gp_counters: 8,
+            gp_width: 48,
+            fixed_counters: 0b1011,
+            fixed_width: 48,
+            global_ctrl: true,
+            full_width_writes: true,
+        };
+        assert_eq!(caps.all_counters().0, 0xff | 0b1011 << 32);
+    }
 }

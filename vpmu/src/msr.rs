@@ -124,6 +124,7 @@ impl<B: MsrBus> MsrBus for CountingBus<B> {
 
 /// The physical CPU's MSRs through RDMSR/WRMSR (the `x86` crate). Ring 0 only.
 #[cfg(all(feature = "hw-msr", any(target_arch = "x86", target_arch = "x86_64")))]
+#[allow(unsafe_code)]
 pub mod hardware {
     use super::{Msr, MsrBus, MsrFault};
 
@@ -162,5 +163,61 @@ pub mod hardware {
             unsafe { x86::msr::wrmsr(msr.0, value) };
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bus with one readable/writable register at 0x10; everything else faults.
+    struct OneRegister(u64);
+
+    impl MsrBus for OneRegister {
+        fn read(&mut self, msr: Msr) -> Result<u64, MsrFault> {
+            if msr == Msr(0x10) {
+                Ok(self.0)
+            } else {
+                Err(MsrFault { msr })
+            }
+        }
+
+        fn write(&mut self, msr: Msr, value: u64) -> Result<(), MsrFault> {
+            if msr == Msr(0x10) {
+                self.0 = value;
+                Ok(())
+            } else {
+                Err(MsrFault { msr })
+            }
+        }
+    }
+
+    #[test]
+    fn counting_bus_counts_reads_writes_and_faults() {
+        let mut bus = CountingBus::new(OneRegister(0));
+        bus.write(Msr(0x10), 7).unwrap();
+        assert_eq!(bus.read(Msr(0x10)), Ok(7));
+        assert_eq!(bus.read(Msr(0x11)), Err(MsrFault { msr: Msr(0x11) }));
+        assert_eq!(
+            bus.stats(),
+            MsrAccessStats {
+                reads: 2,
+                writes: 1,
+                faults: 1
+            }
+        );
+        let before = bus.stats();
+        let by_ref = &mut bus;
+        by_ref.write(Msr(0x12), 1).unwrap_err();
+        assert_eq!(
+            bus.stats() - before,
+            MsrAccessStats {
+                reads: 0,
+                writes: 1,
+                faults: 1
+            }
+        );
+        assert_eq!(bus.stats().total(), 4);
+        assert_eq!(bus.into_inner().0, 7);
     }
 }

@@ -1,0 +1,358 @@
+//! The AMD [`PmuBackend`]: MSR emulation, save/load, and overflow detection.
+
+use raw_cpuid::{CpuId, CpuIdReader};
+use vpmu::abi::{AmdBanks, VendorArea, VendorLayout};
+use vpmu::{
+    ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
+    PmuCapabilities,
+};
+
+use crate::caps::{AmdPmu, EnumerationError, Lookup};
+use crate::context::{AmdContext, bit};
+use crate::msrs::{
+    COUNTER_TOP_BIT, GLOBAL_CTL, GLOBAL_STATUS, GLOBAL_STATUS_CLR, MSR_RANGES, Register, ctl,
+};
+use crate::policy;
+
+/// The AMD core-PMU backend for one enumerated PMU.
+#[derive(Clone, Copy, Debug)]
+pub struct AmdBackend {
+    pmu: AmdPmu,
+    caps: PmuCapabilities,
+    banks: AmdBanks,
+}
+
+impl AmdBackend {
+    /// The backend for `pmu`.
+    pub fn new(pmu: AmdPmu) -> Result<Self, EnumerationError> {
+        let banks = AmdBanks::new(pmu.counters()).map_err(EnumerationError::PageLayout)?;
+        Ok(Self {
+            pmu,
+            caps: pmu.capabilities(),
+            banks,
+        })
+    }
+
+    /// The backend for the PMU `cpuid` describes.
+    pub fn from_cpuid<R: CpuIdReader>(cpuid: &CpuId<R>) -> Result<Self, EnumerationError> {
+        Self::new(AmdPmu::from_cpuid(cpuid)?)
+    }
+
+    /// The enumerated PMU.
+    pub fn pmu(&self) -> &AmdPmu {
+        &self.pmu
+    }
+
+    /// Brings a CPU's PMU into the state `save` leaves and `load` expects: every control 0
+    /// and, with PerfMonV2, GlobalCtl 0 and no status bit. Call once per CPU before the first
+    /// `load` (hardware resets GlobalCtl to all-enabled).
+    pub fn clean_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault> {
+        if self.pmu.has_perfmon_v2() {
+            hw.write(Msr(GLOBAL_CTL), 0)?;
+        }
+        for i in 0..self.pmu.counters() {
+            hw.write(self.pmu.control_msr(i), 0)?;
+        }
+        if self.pmu.has_perfmon_v2() {
+            hw.write(Msr(GLOBAL_STATUS_CLR), self.pmu.counter_mask())?;
+        }
+        Ok(())
+    }
+
+    fn indices(&self, set: u8) -> impl Iterator<Item = u32> + use<> {
+        (0..self.pmu.counters()).filter(move |&i| set & bit(i) != 0)
+    }
+
+    /// Whether the hardware GlobalCtl holds the context's value (rather than the clean 0).
+    /// It does exactly while something is live: `load` writes it then, and `save` clears it.
+    fn global_on_hardware(&self, ctx: &AmdContext) -> bool {
+        self.pmu.has_perfmon_v2() && ctx.live != 0 && ctx.global_ctl != 0
+    }
+
+    fn write_control<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: Option<&mut B>,
+        index: u32,
+        control: policy::Control,
+    ) -> Result<(), MsrFault> {
+        let i = index as usize;
+        let starts = control.hardware & ctl::EN != 0;
+        let counter = ctx.counter(index).unwrap_or(0);
+        match hw {
+            Some(hw) if ctx.is_live(index) => {
+                hw.write(self.pmu.control_msr(index), control.hardware)?;
+            }
+            Some(hw) if starts => {
+                // The hardware counter may hold another vCPU's value: program ours first.
+                let first = ctx.live == 0;
+                hw.write(self.pmu.counter_msr(index), counter)?;
+                hw.write(self.pmu.control_msr(index), control.hardware)?;
+                ctx.live |= bit(index);
+                if first && self.global_on_hardware(ctx) {
+                    hw.write(Msr(GLOBAL_CTL), ctx.global_ctl)?;
+                }
+            }
+            Some(_) => {}
+            None => {
+                if starts {
+                    ctx.live |= bit(index);
+                } else {
+                    ctx.live &= !bit(index);
+                }
+            }
+        }
+        if let (Some(guest), Some(hardware)) = (ctx.guest_ctl.get_mut(i), ctx.hw_ctl.get_mut(i)) {
+            *guest = control.guest;
+            *hardware = control.hardware;
+        }
+        Ok(())
+    }
+}
+
+impl PmuBackend for AmdBackend {
+    type Context = AmdContext;
+
+    fn capabilities(&self) -> &PmuCapabilities {
+        &self.caps
+    }
+
+    fn msr_ranges(&self) -> &'static [(u32, u32)] {
+        MSR_RANGES
+    }
+
+    fn new_context(&self) -> AmdContext {
+        AmdContext::reset(&self.pmu)
+    }
+
+    fn init_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault> {
+        self.clean_hardware(hw)
+    }
+
+    /// True while a counter is live: one is programmed to count, or one was stopped while
+    /// loaded and its value is still only on the hardware (the next `save` fetches it).
+    fn is_active(&self, ctx: &AmdContext) -> bool {
+        ctx.live != 0
+    }
+
+    fn guest_read<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: Option<&mut B>,
+        msr: Msr,
+    ) -> Result<MsrOutcome<u64>, MsrFault> {
+        let register = match self.pmu.lookup(msr) {
+            Lookup::NotPmu => return Ok(MsrOutcome::NotPmu),
+            Lookup::Absent => return Ok(MsrOutcome::GeneralProtection),
+            Lookup::Present(register) => register,
+        };
+        let value = match register {
+            Register::Control(index) => ctx.control(index),
+            Register::Counter(index) => match hw {
+                Some(hw) if ctx.is_live(index) => Some(hw.read(self.pmu.counter_msr(index))?),
+                _ => ctx.counter(index),
+            },
+            Register::GlobalCtl => Some(ctx.global_ctl),
+            Register::GlobalStatus => {
+                // Overflows since the last PMI are still only in the hardware register.
+                let pending = match hw {
+                    Some(hw) if ctx.live != 0 => hw.read(Msr(GLOBAL_STATUS))?,
+                    _ => 0,
+                };
+                Some(ctx.global_status | (pending & self.pmu.counter_mask()))
+            }
+            Register::GlobalStatusClr | Register::GlobalStatusSet => Some(0),
+        };
+        // `lookup` only answers Present for indices below the counter count.
+        Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
+    }
+
+    fn guest_write<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: Option<&mut B>,
+        guest_policy: &GuestPolicy<'_>,
+        msr: Msr,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let register = match self.pmu.lookup(msr) {
+            Lookup::NotPmu => return Ok(MsrOutcome::NotPmu),
+            Lookup::Absent => return Ok(MsrOutcome::GeneralProtection),
+            Lookup::Present(register) => register,
+        };
+        let mask = self.pmu.counter_mask();
+        match register {
+            Register::Counter(index) => {
+                let Ok(value) = policy::counter(value) else {
+                    return Ok(MsrOutcome::GeneralProtection);
+                };
+                if let Some(hw) = hw {
+                    if ctx.is_live(index) {
+                        hw.write(self.pmu.counter_msr(index), value)?;
+                    }
+                }
+                ctx.set_counter(index as usize, value);
+            }
+            Register::Control(index) => {
+                let Ok(control) = policy::control(value, guest_policy) else {
+                    return Ok(MsrOutcome::GeneralProtection);
+                };
+                self.write_control(ctx, hw, index, control)?;
+            }
+            Register::GlobalCtl => {
+                let Ok(value) = policy::global_ctl(value, mask) else {
+                    return Ok(MsrOutcome::GeneralProtection);
+                };
+                if let Some(hw) = hw {
+                    if ctx.live != 0 && value != ctx.global_ctl {
+                        hw.write(Msr(GLOBAL_CTL), value)?;
+                    }
+                }
+                ctx.global_ctl = value;
+            }
+            // Read-only. KVM ignores the write (AMD's "writes to read-only MSRs are ignored");
+            // faulting tells a confused guest at once and leaves nothing half-done.
+            Register::GlobalStatus => return Ok(MsrOutcome::GeneralProtection),
+            Register::GlobalStatusClr => {
+                let bits = policy::global_status_clear(value, mask);
+                if let Some(hw) = hw {
+                    if ctx.live != 0 && bits != 0 {
+                        hw.write(Msr(GLOBAL_STATUS_CLR), bits)?;
+                    }
+                }
+                ctx.global_status &= !bits;
+            }
+            Register::GlobalStatusSet => {
+                let Ok(bits) = policy::global_status_set(value, mask) else {
+                    return Ok(MsrOutcome::GeneralProtection);
+                };
+                ctx.global_status |= bits;
+            }
+        }
+        Ok(MsrOutcome::Handled(()))
+    }
+
+    /// Stops and reads back the live counters: GlobalCtl ← 0 first (PerfMonV2: one write
+    /// stops them all), each live control ← 0, each live counter read, then PerfMonV2's
+    /// hardware status folded into the virtual one and cleared only if non-zero. Nothing live:
+    /// no access at all.
+    fn save<B: MsrBus>(&self, ctx: &mut AmdContext, hw: &mut B) -> Result<(), MsrFault> {
+        if ctx.live == 0 {
+            return Ok(());
+        }
+        if self.global_on_hardware(ctx) {
+            hw.write(Msr(GLOBAL_CTL), 0)?;
+        }
+        for i in self.indices(ctx.live) {
+            if ctx.hw_ctl[i as usize] != 0 {
+                hw.write(self.pmu.control_msr(i), 0)?;
+            }
+        }
+        for i in self.indices(ctx.live) {
+            let value = hw.read(self.pmu.counter_msr(i))?;
+            // Keep the arming decision made at the last write: a counter that wrapped while
+            // loaded is still reported by the next PMI, not forgotten here.
+            if let Some(slot) = ctx.counters.get_mut(i as usize) {
+                *slot = value;
+            }
+        }
+        if self.pmu.has_perfmon_v2() {
+            let status = hw.read(Msr(GLOBAL_STATUS))? & self.pmu.counter_mask();
+            if status != 0 {
+                hw.write(Msr(GLOBAL_STATUS_CLR), status)?;
+                ctx.global_status |= status;
+            }
+        }
+        ctx.live = ctx.enabled_on_hardware();
+        Ok(())
+    }
+
+    /// Counters, then controls, then GlobalCtl — only for live counters. The virtual status
+    /// stays in the context (guest reads combine it with the hardware's), so a counter that
+    /// overflows again while its bit is pending still shows up as a new hardware status bit.
+    fn load<B: MsrBus>(&self, ctx: &AmdContext, hw: &mut B) -> Result<(), MsrFault> {
+        if ctx.live == 0 {
+            return Ok(());
+        }
+        for i in self.indices(ctx.live) {
+            hw.write(self.pmu.counter_msr(i), ctx.counters[i as usize])?;
+        }
+        for i in self.indices(ctx.live) {
+            let control = ctx.hw_ctl[i as usize];
+            if control != 0 {
+                hw.write(self.pmu.control_msr(i), control)?;
+            }
+        }
+        if self.global_on_hardware(ctx) {
+            hw.write(Msr(GLOBAL_CTL), ctx.global_ctl)?;
+        }
+        Ok(())
+    }
+
+    /// PerfMonV2: GlobalStatus read, folded into the virtual status, acknowledged with
+    /// STATUS_CLR.
+    ///
+    /// Before PerfMonV2 there is no status register. An overflow is recognised the way Linux
+    /// does it: a counter written with its top bit (47) set that now reads with it clear has
+    /// wrapped. Only live, enabled counters with INT are read (only they raise a PMI). Limits:
+    /// a counter armed with bit 47 clear (a period above 2^47) or one that wraps past bit 47
+    /// again before the PMI is handled is not recognised; the guest's own driver, which applies
+    /// the same rule to the values it reads, is the final judge, as in Xen.
+    fn handle_overflow<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: &mut B,
+    ) -> Result<Overflow, MsrFault> {
+        if ctx.live == 0 {
+            return Ok(Overflow::default());
+        }
+        let mut overflowed = 0u8;
+        if self.pmu.has_perfmon_v2() {
+            let status = hw.read(Msr(GLOBAL_STATUS))? & self.pmu.counter_mask();
+            if status != 0 {
+                hw.write(Msr(GLOBAL_STATUS_CLR), status)?;
+                ctx.global_status |= status;
+            }
+            overflowed = status as u8;
+        } else {
+            for i in self.indices(ctx.live & ctx.armed) {
+                let (guest, hardware) = (ctx.guest_ctl[i as usize], ctx.hw_ctl[i as usize]);
+                if hardware & ctl::EN == 0 || guest & ctl::INT == 0 {
+                    continue;
+                }
+                if hw.read(self.pmu.counter_msr(i))? & COUNTER_TOP_BIT == 0 {
+                    overflowed |= bit(i);
+                    ctx.armed &= !bit(i);
+                }
+            }
+        }
+        let interrupt = self
+            .indices(overflowed)
+            .any(|i| ctx.guest_ctl[i as usize] & ctl::INT != 0);
+        Ok(Overflow {
+            counters: CounterSet(u64::from(overflowed)),
+            interrupt,
+        })
+    }
+
+    fn masks_lvtpc_on_pmi(&self) -> bool {
+        false
+    }
+
+    fn page_layout(&self) -> VendorLayout {
+        VendorLayout::Amd(self.banks)
+    }
+
+    fn context_to_page(&self, ctx: &AmdContext, area: &mut VendorArea) {
+        ctx.to_page(&self.pmu, &self.banks, area);
+    }
+
+    fn context_from_page(
+        &self,
+        area: &VendorArea,
+        saved: &AmdContext,
+        guest_policy: &GuestPolicy<'_>,
+    ) -> Result<AmdContext, ContextError> {
+        AmdContext::from_page(&self.pmu, &self.banks, area, saved, guest_policy)
+    }
+}

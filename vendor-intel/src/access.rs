@@ -1,0 +1,329 @@
+//! Guest RDMSR/WRMSR emulation.
+//!
+//! While the context is loaded the hardware holds: the live values of the counters in
+//! `in_use`; every PERFEVTSELx and FIXED_CTR_CTRL as the context's hardware values (0 for
+//! counters not in use); GLOBAL_CTRL as the context's once anything is in use (before that it
+//! enables nothing, as no control is programmed); the context's DS_AREA. Counters not in use may hold another vCPU's stale values, so they are
+//! never read back: a write that puts such a counter in use first overwrites its value.
+
+use vpmu::{CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome};
+
+use crate::backend::IntelPmu;
+use crate::caps::PERF_CAP_FW_WRITES;
+use crate::context::IntelContext;
+use crate::msrs::{
+    CounterAlias, IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_CTRL,
+    IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IntelMsr, fixed_counter, fixed_nibble,
+    full_width_counter, legacy_counter,
+};
+
+/// The set bits of `bits` as indices, lowest first.
+pub(crate) fn indices(bits: u32) -> impl Iterator<Item = u32> {
+    (0..u32::BITS).filter(move |&i| bits & (1 << i) != 0)
+}
+
+const GP: MsrOutcome<()> = MsrOutcome::GeneralProtection;
+
+impl IntelPmu {
+    pub(crate) fn read_register<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        msr: Msr,
+    ) -> Result<MsrOutcome<u64>, MsrFault> {
+        let Some(register) = IntelMsr::classify(msr) else {
+            return Ok(MsrOutcome::NotPmu);
+        };
+        if !register.is_present(&self.caps) {
+            return Ok(MsrOutcome::GeneralProtection);
+        }
+        let value = match register {
+            IntelMsr::Counter { index, .. } => match hw {
+                Some(hw) if ctx.in_use.contains(CounterSet::gp(index)) => {
+                    Some(hw.read(legacy_counter(index))? & self.caps.gp_value_mask())
+                }
+                _ => ctx.gp_counters.get(index as usize).copied(),
+            },
+            IntelMsr::FixedCounter(index) => match hw {
+                Some(hw) if ctx.in_use.contains(CounterSet::fixed(index)) => {
+                    Some(hw.read(fixed_counter(index))? & self.caps.fixed_value_mask())
+                }
+                _ => ctx.fixed_counters.get(index as usize).copied(),
+            },
+            IntelMsr::EventSelect(index) => ctx.event_selects.get(index as usize).copied(),
+            IntelMsr::FixedCtrCtrl => Some(ctx.fixed_ctrl),
+            IntelMsr::GlobalCtrl => Some(ctx.global_ctrl),
+            IntelMsr::GlobalStatus => {
+                let live = ctx.live_status_bits();
+                let hardware = match hw {
+                    Some(hw) if live != 0 => hw.read(Msr(IA32_PERF_GLOBAL_STATUS))? & live,
+                    _ => 0,
+                };
+                Some(ctx.global_status | hardware)
+            }
+            // Write-only in effect: both read as 0 (SDM, KVM).
+            IntelMsr::GlobalOvfCtrl | IntelMsr::GlobalStatusSet => Some(0),
+            // Only FW_WRITE is exposed: the guest gets no PEBS or LBR format to act on.
+            IntelMsr::PerfCapabilities => Some(self.caps.perf_capabilities() & PERF_CAP_FW_WRITES),
+            IntelMsr::PebsEnable => Some(0),
+            IntelMsr::DsArea => Some(ctx.ds_area),
+        };
+        Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
+    }
+
+    pub(crate) fn write_register<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        policy: &GuestPolicy<'_>,
+        msr: Msr,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let Some(register) = IntelMsr::classify(msr) else {
+            return Ok(MsrOutcome::NotPmu);
+        };
+        if !register.is_present(&self.caps) {
+            return Ok(GP);
+        }
+        let rules = &self.rules;
+        match register {
+            IntelMsr::Counter { index, alias } => {
+                let value = match alias {
+                    CounterAlias::Legacy => rules.legacy_counter(value),
+                    CounterAlias::FullWidth => match rules.full_width_counter(value) {
+                        Ok(value) => value,
+                        Err(_) => return Ok(GP),
+                    },
+                };
+                self.write_gp_counter(ctx, hw, index, value)
+            }
+            IntelMsr::FixedCounter(index) => match rules.fixed_counter(value) {
+                Ok(value) => self.write_fixed_counter(ctx, hw, index, value),
+                Err(_) => Ok(GP),
+            },
+            IntelMsr::EventSelect(index) => match rules.event_select(value, policy) {
+                Ok(hardware) => self.write_event_select(ctx, hw, index, value, hardware),
+                Err(_) => Ok(GP),
+            },
+            IntelMsr::FixedCtrCtrl => match rules.fixed_ctrl(value, policy) {
+                Ok(hardware) => self.write_fixed_ctrl(ctx, hw, value, hardware),
+                Err(_) => Ok(GP),
+            },
+            IntelMsr::GlobalCtrl => match rules.global_ctrl(value) {
+                Ok(value) => {
+                    ctx.global_ctrl = value;
+                    if let Some(hw) = hw {
+                        if !ctx.in_use.is_empty() {
+                            hw.write(Msr(IA32_PERF_GLOBAL_CTRL), value)?;
+                        }
+                    }
+                    Ok(MsrOutcome::Handled(()))
+                }
+                Err(_) => Ok(GP),
+            },
+            IntelMsr::GlobalOvfCtrl => match rules.ovf_ctrl(value) {
+                Ok(value) => {
+                    ctx.global_status &= !value;
+                    let live = value & ctx.live_status_bits();
+                    if let Some(hw) = hw {
+                        if live != 0 {
+                            hw.write(Msr(IA32_PERF_GLOBAL_OVF_CTRL), live)?;
+                        }
+                    }
+                    Ok(MsrOutcome::Handled(()))
+                }
+                Err(_) => Ok(GP),
+            },
+            // The virtual status is the context's; setting it needs no hardware access.
+            IntelMsr::GlobalStatusSet => match rules.status_set(value) {
+                Ok(value) => {
+                    ctx.global_status |= value;
+                    Ok(MsrOutcome::Handled(()))
+                }
+                Err(_) => Ok(GP),
+            },
+            IntelMsr::GlobalStatus | IntelMsr::PerfCapabilities => Ok(GP),
+            IntelMsr::PebsEnable => match rules.pebs_enable(value) {
+                Ok(_) => Ok(MsrOutcome::Handled(())),
+                Err(_) => Ok(GP),
+            },
+            IntelMsr::DsArea => match rules.ds_area(value, policy) {
+                Ok(value) => {
+                    let previous = core::mem::replace(&mut ctx.ds_area, value);
+                    if let Some(hw) = hw {
+                        // A non-zero value passed validation only with a debug store, and a
+                        // non-zero previous value was one of those.
+                        if value != previous {
+                            hw.write(Msr(IA32_DS_AREA), value)?;
+                        }
+                    }
+                    Ok(MsrOutcome::Handled(()))
+                }
+                Err(_) => Ok(GP),
+            },
+        }
+    }
+
+    /// Writes a general-purpose counter value to the hardware through the alias that stores it
+    /// exactly: full-width when available, else the legacy one (exact for every value a guest
+    /// can write through it; see the crate doc for restored values).
+    pub(crate) fn program_gp_counter<B: MsrBus>(
+        &self,
+        hw: &mut B,
+        index: u32,
+        value: u64,
+    ) -> Result<(), MsrFault> {
+        if self.caps.full_width_writes() {
+            hw.write(full_width_counter(index), value)
+        } else {
+            hw.write(legacy_counter(index), value)
+        }
+    }
+
+    /// Puts `counters` in use on the hardware: writes their context values over whatever the
+    /// previous owner left. Returns whether they are the first counters in use, in which case
+    /// the caller enables GLOBAL_CTRL once it has programmed their controls.
+    fn claim<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: &mut B,
+        counters: CounterSet,
+    ) -> Result<bool, MsrFault> {
+        let new = CounterSet(counters.0 & !ctx.in_use.0);
+        if new.is_empty() {
+            return Ok(false);
+        }
+        let first = ctx.in_use.is_empty();
+        for index in indices(new.gp_bits()) {
+            if let Some(&value) = ctx.gp_counters.get(index as usize) {
+                self.program_gp_counter(hw, index, value)?;
+            }
+        }
+        for index in indices(new.fixed_bits()) {
+            if let Some(&value) = ctx.fixed_counters.get(index as usize) {
+                hw.write(fixed_counter(index), value)?;
+            }
+        }
+        ctx.in_use = ctx.in_use.union(new);
+        Ok(first)
+    }
+
+    /// Written even when 0: the hardware value before the first counter is in use is whatever
+    /// the CPU was left with (power-on sets the GP enables), not necessarily 0.
+    fn enable_globally<B: MsrBus>(&self, ctx: &IntelContext, hw: &mut B) -> Result<(), MsrFault> {
+        hw.write(Msr(IA32_PERF_GLOBAL_CTRL), ctx.global_ctrl)
+    }
+
+    fn write_gp_counter<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        index: u32,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let Some(slot) = ctx.gp_counters.get_mut(index as usize) else {
+            return Ok(GP);
+        };
+        *slot = value;
+        let counter = CounterSet::gp(index);
+        match hw {
+            None => ctx.recompute_in_use(),
+            Some(hw) if ctx.in_use.contains(counter) => {
+                self.program_gp_counter(hw, index, value)?
+            }
+            Some(hw) if value != 0 => {
+                if self.claim(ctx, hw, counter)? {
+                    self.enable_globally(ctx, hw)?;
+                }
+            }
+            // Zero into a counter not in use: the context answers its reads.
+            Some(_) => {}
+        }
+        Ok(MsrOutcome::Handled(()))
+    }
+
+    fn write_fixed_counter<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        index: u32,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let Some(slot) = ctx.fixed_counters.get_mut(index as usize) else {
+            return Ok(GP);
+        };
+        *slot = value;
+        let counter = CounterSet::fixed(index);
+        match hw {
+            None => ctx.recompute_in_use(),
+            Some(hw) if ctx.in_use.contains(counter) => hw.write(fixed_counter(index), value)?,
+            Some(hw) if value != 0 => {
+                if self.claim(ctx, hw, counter)? {
+                    self.enable_globally(ctx, hw)?;
+                }
+            }
+            Some(_) => {}
+        }
+        Ok(MsrOutcome::Handled(()))
+    }
+
+    fn write_event_select<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        index: u32,
+        value: u64,
+        hardware: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let (Some(guest_slot), Some(hw_slot)) = (
+            ctx.event_selects.get_mut(index as usize),
+            ctx.event_selects_hw.get_mut(index as usize),
+        ) else {
+            return Ok(GP);
+        };
+        *guest_slot = value;
+        *hw_slot = hardware;
+        let counter = CounterSet::gp(index);
+        match hw {
+            None => ctx.recompute_in_use(),
+            Some(hw) => {
+                let in_use = ctx.in_use.contains(counter);
+                if in_use || value != 0 {
+                    let first = self.claim(ctx, hw, counter)?;
+                    hw.write(crate::msrs::event_select(index), hardware)?;
+                    if first {
+                        self.enable_globally(ctx, hw)?;
+                    }
+                }
+            }
+        }
+        Ok(MsrOutcome::Handled(()))
+    }
+
+    fn write_fixed_ctrl<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        value: u64,
+        hardware: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        ctx.fixed_ctrl = value;
+        ctx.fixed_ctrl_hw = hardware;
+        match hw {
+            None => ctx.recompute_in_use(),
+            Some(hw) => {
+                let programmed = indices(self.caps.fixed_counters())
+                    .filter(|&i| fixed_nibble(value, i) != 0)
+                    .fold(CounterSet::EMPTY, |set, i| set.union(CounterSet::fixed(i)));
+                let first = self.claim(ctx, hw, programmed)?;
+                if ctx.in_use.fixed_bits() != 0 {
+                    hw.write(Msr(IA32_FIXED_CTR_CTRL), hardware)?;
+                }
+                if first {
+                    self.enable_globally(ctx, hw)?;
+                }
+            }
+        }
+        Ok(MsrOutcome::Handled(()))
+    }
+}

@@ -1,0 +1,129 @@
+//! A vCPU's Intel PMU context: the guest-visible registers, the values the hardware is
+//! programmed with, the virtual GLOBAL_STATUS, and which counters must be on the hardware.
+
+use vpmu::CounterSet;
+
+use crate::caps::{FIXED_COUNTER_LIMIT, IntelCaps, MAX_GP_COUNTERS};
+use crate::msrs::{EVTSEL_EN, FIXED_OS, FIXED_USR, fixed_nibble};
+
+pub(crate) const GP_SLOTS: usize = MAX_GP_COUNTERS as usize;
+pub(crate) const FIXED_SLOTS: usize = FIXED_COUNTER_LIMIT as usize;
+
+/// One vCPU's Intel PMU state.
+///
+/// While the context is loaded, the hardware is the authority for the values of the counters in
+/// [`IntelContext::in_use`] and for live overflow status; everything else is here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntelContext {
+    pub(crate) gp_counters: [u64; GP_SLOTS],
+    /// PERFEVTSELx as the guest wrote them (what it reads back).
+    pub(crate) event_selects: [u64; GP_SLOTS],
+    /// PERFEVTSELx as programmed into the hardware (EN cleared for filtered events).
+    pub(crate) event_selects_hw: [u64; GP_SLOTS],
+    pub(crate) fixed_counters: [u64; FIXED_SLOTS],
+    pub(crate) fixed_ctrl: u64,
+    pub(crate) fixed_ctrl_hw: u64,
+    pub(crate) global_ctrl: u64,
+    /// The virtual GLOBAL_STATUS: overflows recorded and not yet cleared by the guest.
+    pub(crate) global_status: u64,
+    pub(crate) ds_area: u64,
+    /// Counters with a non-zero value or control: the ones save and load touch.
+    pub(crate) in_use: CounterSet,
+}
+
+impl IntelContext {
+    /// The state after RESET: everything 0 except GLOBAL_CTRL, whose GP enable bits are set
+    /// (SDM; software written for v1 expects the GP counters enabled, and KVM does the same).
+    pub(crate) fn reset(caps: &IntelCaps) -> Self {
+        IntelContext {
+            gp_counters: [0; GP_SLOTS],
+            event_selects: [0; GP_SLOTS],
+            event_selects_hw: [0; GP_SLOTS],
+            fixed_counters: [0; FIXED_SLOTS],
+            fixed_ctrl: 0,
+            fixed_ctrl_hw: 0,
+            global_ctrl: CounterSet::first_gp(caps.gp_counters()).0,
+            global_status: 0,
+            ds_area: 0,
+            in_use: CounterSet::EMPTY,
+        }
+    }
+
+    /// Counters whose state must be on the hardware while the context is loaded.
+    pub fn in_use(&self) -> CounterSet {
+        self.in_use
+    }
+
+    /// The virtual GLOBAL_STATUS (overflows recorded at save or PMI, not yet cleared).
+    pub fn virtual_status(&self) -> u64 {
+        self.global_status
+    }
+
+    /// The guest-visible IA32_PERF_GLOBAL_CTRL.
+    pub fn global_ctrl(&self) -> u64 {
+        self.global_ctrl
+    }
+
+    /// General-purpose counter `index` as last saved (stale while loaded and in use).
+    pub fn gp_counter(&self, index: u32) -> Option<u64> {
+        self.gp_counters.get(index as usize).copied()
+    }
+
+    /// Fixed counter `index` as last saved (stale while loaded and in use).
+    pub fn fixed_counter(&self, index: u32) -> Option<u64> {
+        self.fixed_counters.get(index as usize).copied()
+    }
+
+    /// PERFEVTSEL`index` as the guest wrote it.
+    pub fn event_select(&self, index: u32) -> Option<u64> {
+        self.event_selects.get(index as usize).copied()
+    }
+
+    /// IA32_FIXED_CTR_CTRL as the guest wrote it.
+    pub fn fixed_ctrl(&self) -> u64 {
+        self.fixed_ctrl
+    }
+
+    /// Recomputes [`IntelContext::in_use`] from the saved values: only valid when the context
+    /// is not loaded (while loaded the counters' live values are on the hardware).
+    pub(crate) fn recompute_in_use(&mut self) {
+        let mut in_use = CounterSet::EMPTY;
+        for (index, (&value, &control)) in
+            (0u32..).zip(self.gp_counters.iter().zip(&self.event_selects))
+        {
+            if value != 0 || control != 0 {
+                in_use = in_use.union(CounterSet::gp(index));
+            }
+        }
+        for (index, &value) in (0u32..).zip(&self.fixed_counters) {
+            if value != 0 || fixed_nibble(self.fixed_ctrl, index) != 0 {
+                in_use = in_use.union(CounterSet::fixed(index));
+            }
+        }
+        self.in_use = in_use;
+    }
+
+    /// Whether any counter can count on the hardware: enabled locally (after the filter) and
+    /// globally.
+    pub(crate) fn counts_anything(&self) -> bool {
+        let gp = (0u32..)
+            .zip(&self.event_selects_hw)
+            .any(|(i, &sel)| sel & EVTSEL_EN != 0 && self.global_ctrl & CounterSet::gp(i).0 != 0);
+        let fixed = (0..FIXED_COUNTER_LIMIT).any(|i| {
+            fixed_nibble(self.fixed_ctrl_hw, i) & (FIXED_OS | FIXED_USR) != 0
+                && self.global_ctrl & CounterSet::fixed(i).0 != 0
+        });
+        gp || fixed
+    }
+
+    /// The GLOBAL_STATUS bits live on the hardware that belong to this context: its in-use
+    /// counters, and OvfBuffer when it owns a DS area.
+    pub(crate) fn live_status_bits(&self) -> u64 {
+        let buffer = if self.ds_area != 0 {
+            crate::msrs::STATUS_OVF_BUFFER
+        } else {
+            0
+        };
+        self.in_use.0 | buffer
+    }
+}

@@ -1,0 +1,320 @@
+//! A software model of an Intel architectural PMU: the hardware of simulators, reference VMMs
+//! and MSR-emulation tests.
+//!
+//! It follows the hardware's rules, not the backend's policy, and computes its own masks from
+//! the enumeration, so that a backend bug is not hidden by sharing code with it. In particular
+//! it accepts what pre-v5 hardware accepts and the backend forbids — AnyThread (PERFEVTSELx
+//! bit 21, FIXED_CTR_CTRL nibble bit 2) and Pin Control (bit 19), a non-zero PEBS_ENABLE — and
+//! exposes its raw registers, so tests can prove those never reach it. It returns the full
+//! IA32_PERF_CAPABILITIES it was given, PEBS and LBR formats included.
+//!
+//! Counting: `count` feeds a batch of events. A general-purpose counter counts them when
+//! PERFEVTSELx.EN, its GLOBAL_CTRL bit, the OS (CPL 0) or USR (CPL > 0) bit for the CPL all
+//! hold, its `umask:event` is the event's architectural encoding, and CPUID enumerates the event
+//! as available. Selectors with EDGE, INV or a CMASK do not count: a batch carries no per-cycle
+//! distribution to apply them to. Fixed counters 0–2 count instructions, core cycles and
+//! reference cycles; fixed counter 3 (topdown slots) has no event to be fed and never counts.
+//! There are no host/guest qualifiers on Intel, so `ExecMode::host` gates nothing.
+
+use vpmu::{CounterSet, ExecMode, HwEvent, Msr, MsrAccessStats, MsrBus, MsrFault, SoftwarePmu};
+
+use crate::caps::{IntelCaps, width_mask};
+use crate::events::{arch_event, umask_event};
+use crate::msrs::{
+    CounterAlias, EVTSEL_CMASK, EVTSEL_EDGE, EVTSEL_EN, EVTSEL_INT, EVTSEL_INV, EVTSEL_OS,
+    EVTSEL_USR, FIXED_OS, FIXED_PMI, FIXED_USR, IntelMsr, fixed_nibble,
+};
+
+/// The model's registers, as raw as the hardware holds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelRegisters {
+    /// IA32_PMC0–7 (entries beyond the enumerated count stay 0).
+    pub gp_counters: [u64; 8],
+    /// IA32_PERFEVTSEL0–7.
+    pub event_selects: [u64; 8],
+    /// IA32_FIXED_CTR0–3.
+    pub fixed_counters: [u64; 4],
+    /// IA32_FIXED_CTR_CTRL.
+    pub fixed_ctrl: u64,
+    /// IA32_PERF_GLOBAL_CTRL.
+    pub global_ctrl: u64,
+    /// IA32_PERF_GLOBAL_STATUS.
+    pub global_status: u64,
+    /// IA32_DS_AREA.
+    pub ds_area: u64,
+    /// IA32_PEBS_ENABLE.
+    pub pebs_enable: u64,
+}
+
+/// A software Intel PMU with a PMI line.
+#[derive(Clone, Debug)]
+pub struct IntelPmuModel {
+    caps: IntelCaps,
+    registers: ModelRegisters,
+    pmi: bool,
+    stats: MsrAccessStats,
+}
+
+/// GLOBAL_STATUS.Uncore (v3+), LBR_Frz and CTR_Frz (v4+), OvfBuffer, CondChgd.
+const STATUS_UNCORE: u64 = 1 << 61;
+const STATUS_FREEZE: u64 = (1 << 58) | (1 << 59);
+const STATUS_BUFFER: u64 = 1 << 62;
+const STATUS_CHANGED: u64 = 1 << 63;
+
+fn privilege_matches(os: bool, usr: bool, mode: ExecMode) -> bool {
+    if mode.cpl == 0 { os } else { usr }
+}
+
+/// Adds `n` to a counter of `mask` width; whether it wrapped past the top.
+fn advance(counter: &mut u64, mask: u64, n: u64) -> bool {
+    let room = mask - (*counter & mask);
+    *counter = counter.wrapping_add(n) & mask;
+    n > room
+}
+
+impl IntelPmuModel {
+    /// A model of the PMU `caps` describes, in its power-on state: everything 0 except
+    /// GLOBAL_CTRL, whose general-purpose enable bits are set (SDM).
+    pub fn new(caps: IntelCaps) -> Self {
+        let registers = ModelRegisters {
+            global_ctrl: CounterSet::first_gp(caps.gp_counters()).0,
+            ..ModelRegisters::default()
+        };
+        IntelPmuModel {
+            caps,
+            registers,
+            pmi: false,
+            stats: MsrAccessStats::default(),
+        }
+    }
+
+    /// The raw register state.
+    pub fn registers(&self) -> &ModelRegisters {
+        &self.registers
+    }
+
+    /// The enumeration the model was built from.
+    pub fn caps(&self) -> &IntelCaps {
+        &self.caps
+    }
+
+    fn counter_bits(&self) -> u64 {
+        self.caps.all_counters().0
+    }
+
+    fn read_register(&self, msr: Msr) -> Option<u64> {
+        let caps = &self.caps;
+        let r = &self.registers;
+        match IntelMsr::classify(msr)? {
+            IntelMsr::Counter { index, alias } => {
+                let present = caps.has_gp(index)
+                    && (alias == CounterAlias::Legacy || caps.full_width_writes());
+                present.then(|| r.gp_counters.get(index as usize).copied())?
+            }
+            IntelMsr::EventSelect(index) if caps.has_gp(index) => {
+                r.event_selects.get(index as usize).copied()
+            }
+            IntelMsr::FixedCounter(index) if caps.has_fixed(index) => {
+                r.fixed_counters.get(index as usize).copied()
+            }
+            IntelMsr::FixedCtrCtrl => Some(r.fixed_ctrl),
+            IntelMsr::GlobalCtrl => Some(r.global_ctrl),
+            IntelMsr::GlobalStatus => Some(r.global_status),
+            IntelMsr::GlobalOvfCtrl => Some(0),
+            IntelMsr::GlobalStatusSet if caps.version() >= 4 => Some(0),
+            IntelMsr::PerfCapabilities if caps.has_perf_capabilities() => {
+                Some(caps.perf_capabilities())
+            }
+            IntelMsr::PebsEnable if caps.debug_store() => Some(r.pebs_enable),
+            IntelMsr::DsArea if caps.debug_store() => Some(r.ds_area),
+            _ => None,
+        }
+    }
+
+    fn write_register(&mut self, msr: Msr, value: u64) -> Option<()> {
+        let caps = self.caps;
+        let counters = self.counter_bits();
+        let gp_mask = width_mask(caps.gp_width());
+        let fixed_mask = width_mask(caps.fixed_width());
+        let r = &mut self.registers;
+        let fits = |allowed: u64| (value & !allowed == 0).then_some(value);
+        match IntelMsr::classify(msr)? {
+            IntelMsr::Counter {
+                index,
+                alias: CounterAlias::Legacy,
+            } if caps.has_gp(index) => {
+                *r.gp_counters.get_mut(index as usize)? =
+                    (value as u32 as i32 as i64 as u64) & gp_mask;
+            }
+            IntelMsr::Counter {
+                index,
+                alias: CounterAlias::FullWidth,
+            } if caps.has_gp(index) && caps.full_width_writes() => {
+                *r.gp_counters.get_mut(index as usize)? = fits(gp_mask)?;
+            }
+            IntelMsr::EventSelect(index) if caps.has_gp(index) => {
+                *r.event_selects.get_mut(index as usize)? = fits(0xffff_ffff)?;
+            }
+            IntelMsr::FixedCounter(index) if caps.has_fixed(index) => {
+                *r.fixed_counters.get_mut(index as usize)? = fits(fixed_mask)?;
+            }
+            IntelMsr::FixedCtrCtrl => {
+                let allowed = (0..4u32)
+                    .filter(|&i| caps.has_fixed(i))
+                    .fold(0, |bits, i| bits | 0xf << (4 * i));
+                r.fixed_ctrl = fits(allowed)?;
+            }
+            IntelMsr::GlobalCtrl => r.global_ctrl = fits(counters)?,
+            IntelMsr::GlobalOvfCtrl => {
+                let mut allowed = counters | STATUS_BUFFER | STATUS_CHANGED;
+                if caps.version() >= 3 {
+                    allowed |= STATUS_UNCORE;
+                }
+                if caps.version() >= 4 {
+                    allowed |= STATUS_FREEZE;
+                }
+                r.global_status &= !fits(allowed)?;
+            }
+            IntelMsr::GlobalStatusSet if caps.version() >= 4 => {
+                r.global_status |= fits(counters | STATUS_BUFFER | STATUS_FREEZE)?;
+            }
+            IntelMsr::PebsEnable if caps.debug_store() => {
+                r.pebs_enable = fits(CounterSet::first_gp(caps.gp_counters()).0)?;
+            }
+            IntelMsr::DsArea if caps.debug_store() => {
+                let canonical = (((value << 16) as i64) >> 16) as u64 == value;
+                r.ds_area = canonical.then_some(value)?;
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    fn overflowed(&mut self, bit: u64, interrupt: bool) {
+        self.registers.global_status |= bit;
+        self.pmi |= interrupt;
+    }
+}
+
+impl MsrBus for IntelPmuModel {
+    fn read(&mut self, msr: Msr) -> Result<u64, MsrFault> {
+        self.stats.reads += 1;
+        let value = self.read_register(msr);
+        self.stats.faults += u64::from(value.is_none());
+        value.ok_or(MsrFault { msr })
+    }
+
+    fn write(&mut self, msr: Msr, value: u64) -> Result<(), MsrFault> {
+        self.stats.writes += 1;
+        let done = self.write_register(msr, value);
+        self.stats.faults += u64::from(done.is_none());
+        done.ok_or(MsrFault { msr })
+    }
+}
+
+impl SoftwarePmu for IntelPmuModel {
+    fn count(&mut self, event: HwEvent, n: u64, mode: ExecMode) {
+        let gp_mask = width_mask(self.caps.gp_width());
+        let fixed_mask = width_mask(self.caps.fixed_width());
+        let encoding = arch_event(event).encoding;
+        let available = self.caps.event_available(event);
+        for index in 0..self.caps.gp_counters() {
+            let Some(&sel) = self.registers.event_selects.get(index as usize) else {
+                continue;
+            };
+            let enabled = sel & EVTSEL_EN != 0 && self.registers.global_ctrl & (1 << index) != 0;
+            let plain = sel & (EVTSEL_EDGE | EVTSEL_INV | EVTSEL_CMASK) == 0;
+            let selected = available && umask_event(sel) == encoding;
+            let privileged = privilege_matches(sel & EVTSEL_OS != 0, sel & EVTSEL_USR != 0, mode);
+            if !(enabled && plain && selected && privileged) {
+                continue;
+            }
+            let Some(counter) = self.registers.gp_counters.get_mut(index as usize) else {
+                continue;
+            };
+            if advance(counter, gp_mask, n) {
+                self.overflowed(1 << index, sel & EVTSEL_INT != 0);
+            }
+        }
+        let fixed_index = match event {
+            HwEvent::Instructions => 0,
+            HwEvent::CoreCycles => 1,
+            HwEvent::RefCycles => 2,
+            _ => return,
+        };
+        let nibble = fixed_nibble(self.registers.fixed_ctrl, fixed_index);
+        let global_bit = 1u64 << (32 + fixed_index);
+        let counts = self.caps.has_fixed(fixed_index)
+            && self.registers.global_ctrl & global_bit != 0
+            && privilege_matches(nibble & FIXED_OS != 0, nibble & FIXED_USR != 0, mode);
+        if !counts {
+            return;
+        }
+        let Some(counter) = self.registers.fixed_counters.get_mut(fixed_index as usize) else {
+            return;
+        };
+        if advance(counter, fixed_mask, n) {
+            self.overflowed(global_bit, nibble & FIXED_PMI != 0);
+        }
+    }
+
+    fn pmi_pending(&self) -> bool {
+        self.pmi
+    }
+
+    fn take_pmi(&mut self) -> bool {
+        core::mem::take(&mut self.pmi)
+    }
+
+    fn access_stats(&self) -> MsrAccessStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synthetic::SyntheticCpuid;
+
+    const KERNEL: ExecMode = ExecMode {
+        cpl: 0,
+        host: false,
+    };
+
+    fn model(shape: SyntheticCpuid) -> IntelPmuModel {
+        IntelPmuModel::new(IntelCaps::from_cpuid_reader(shape, None).expect("valid shape"))
+    }
+
+    #[test]
+    fn advance_reports_wrap_exactly_at_the_crossing() {
+        let mask = width_mask(48);
+        let mut c = mask - 4;
+        assert!(!advance(&mut c, mask, 4));
+        assert_eq!(c, mask);
+        assert!(advance(&mut c, mask, 1));
+        assert_eq!(c, 0);
+        let mut full = u64::MAX - 1;
+        assert!(advance(&mut full, u64::MAX, 3));
+        assert_eq!(full, 1);
+    }
+
+    #[test]
+    fn power_on_enables_gp_counters_globally() {
+        let m = model(SyntheticCpuid::v2(4, 3));
+        assert_eq!(m.registers().global_ctrl, 0xf);
+    }
+
+    #[test]
+    fn unavailable_event_does_not_count() {
+        let mut m = model(SyntheticCpuid {
+            unavailable_events: 1 << 5,
+            ..SyntheticCpuid::v2(2, 3)
+        });
+        m.write(Msr(0x186), 0x0043_00c4).expect("branches selector");
+        m.write(Msr(0x187), 0x0043_00c0)
+            .expect("instructions selector");
+        m.count(HwEvent::Branches, 7, KERNEL);
+        m.count(HwEvent::Instructions, 9, KERNEL);
+        assert_eq!(m.registers().gp_counters[..2], [0, 9]);
+    }
+}

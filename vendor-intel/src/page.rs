@@ -1,0 +1,147 @@
+//! The context in the shared page's vendor area (`IntelCtxt` plus banks), always addressed
+//! through the layout this backend computed: the geometry words in the page are written for the
+//! guest and never read back.
+
+use vpmu::abi::{CounterPair, IntelCtxt, VendorArea};
+use vpmu::{ContextError, GuestPolicy};
+
+use crate::backend::IntelPmu;
+use crate::context::IntelContext;
+use crate::policy::Refused;
+
+fn refused(register: &'static str, index: Option<u32>, value: u64) -> ContextError {
+    ContextError {
+        register,
+        index,
+        value,
+    }
+}
+
+/// Turns a validator's refusal into the flush error naming the register.
+trait OrRefuse<T> {
+    fn or_refuse(
+        self,
+        register: &'static str,
+        index: Option<u32>,
+        value: u64,
+    ) -> Result<T, ContextError>;
+}
+
+impl<T> OrRefuse<T> for Result<T, Refused> {
+    fn or_refuse(
+        self,
+        register: &'static str,
+        index: Option<u32>,
+        value: u64,
+    ) -> Result<T, ContextError> {
+        self.map_err(|Refused| refused(register, index, value))
+    }
+}
+
+impl IntelPmu {
+    pub(crate) fn write_page(&self, ctx: &IntelContext, area: &mut VendorArea) {
+        let mut ctxt = IntelCtxt {
+            global_ctrl: ctx.global_ctrl,
+            global_status: ctx.global_status,
+            global_ovf_ctrl: 0,
+            fixed_ctrl: ctx.fixed_ctrl,
+            ds_area: ctx.ds_area,
+            pebs_enable: 0,
+            ..IntelCtxt::default()
+        };
+        self.banks.describe_in(&mut ctxt);
+        area.set_intel_ctxt(&ctxt);
+        // The indices are below the bank's own counts, so these cannot fail.
+        for (index, &value) in (0..self.banks.fixed_count() as usize).zip(&ctx.fixed_counters) {
+            let _ = self.banks.set_fixed_counter(area, index, value);
+        }
+        let pairs = ctx.gp_counters.iter().zip(&ctx.event_selects);
+        for (index, (&counter, &control)) in (0..self.banks.arch_count() as usize).zip(pairs) {
+            let _ = self
+                .banks
+                .set_pair(area, index, CounterPair { counter, control });
+        }
+    }
+
+    /// Rebuilds every register from the (already copied) area and verifies it with the WRMSR
+    /// validators. The first violation is returned; nothing is repaired.
+    pub(crate) fn read_page(
+        &self,
+        area: &VendorArea,
+        saved: &IntelContext,
+        policy: &GuestPolicy<'_>,
+    ) -> Result<IntelContext, ContextError> {
+        let rules = &self.rules;
+        let ctxt = area.intel_ctxt();
+        let mut ctx = IntelContext::reset(&self.caps);
+
+        ctx.global_ctrl =
+            rules
+                .global_ctrl(ctxt.global_ctrl)
+                .or_refuse("global_ctrl", None, ctxt.global_ctrl)?;
+        ctx.fixed_ctrl_hw = rules.fixed_ctrl(ctxt.fixed_ctrl, policy).or_refuse(
+            "fixed_ctrl",
+            None,
+            ctxt.fixed_ctrl,
+        )?;
+        ctx.fixed_ctrl = ctxt.fixed_ctrl;
+        // Acknowledging is clearing: the owner may drop recorded overflows, never invent one.
+        if ctxt.global_status & !saved.global_status != 0 {
+            return Err(refused("global_status", None, ctxt.global_status));
+        }
+        let acknowledged = rules.ovf_ctrl(ctxt.global_ovf_ctrl).or_refuse(
+            "global_ovf_ctrl",
+            None,
+            ctxt.global_ovf_ctrl,
+        )?;
+        ctx.global_status = ctxt.global_status & !acknowledged;
+        ctx.ds_area =
+            rules
+                .ds_area(ctxt.ds_area, policy)
+                .or_refuse("ds_area", None, ctxt.ds_area)?;
+        rules
+            .pebs_enable(ctxt.pebs_enable)
+            .or_refuse("pebs_enable", None, ctxt.pebs_enable)?;
+
+        for (index, slot) in (0..self.banks.fixed_count()).zip(&mut ctx.fixed_counters) {
+            let value = self
+                .banks
+                .fixed_counter(area, index as usize)
+                .map_err(|_| refused("fixed_counter", Some(index), 0))?;
+            *slot = if self.caps.has_fixed(index) {
+                rules
+                    .fixed_counter(value)
+                    .or_refuse("fixed_counter", Some(index), value)?
+            } else if value == 0 {
+                // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
+                0
+            } else {
+                return Err(refused("fixed_counter", Some(index), value));
+            };
+        }
+        let gp_slots = ctx
+            .gp_counters
+            .iter_mut()
+            .zip(ctx.event_selects.iter_mut().zip(&mut ctx.event_selects_hw));
+        for (index, (counter, (control, control_hw))) in (0..self.banks.arch_count()).zip(gp_slots)
+        {
+            let pair = self
+                .banks
+                .pair(area, index as usize)
+                .map_err(|_| refused("counter", Some(index), 0))?;
+            *counter = rules.full_width_counter(pair.counter).or_refuse(
+                "counter",
+                Some(index),
+                pair.counter,
+            )?;
+            *control_hw = rules.event_select(pair.control, policy).or_refuse(
+                "evtsel",
+                Some(index),
+                pair.control,
+            )?;
+            *control = pair.control;
+        }
+        ctx.recompute_in_use();
+        Ok(ctx)
+    }
+}

@@ -1,0 +1,364 @@
+//! What a guest may write: one validator per register kind, used by both the WRMSR path and
+//! the shared-page flush path, so the two can never disagree (the XSA-269 lesson). Validators
+//! reject; they never fix a value up. Where the per-domain event filter makes a legal value
+//! not count, the validator returns the value to program into the hardware alongside.
+
+use vpmu::abi::{XENPMU_FEATURE_ARCH_ONLY, XENPMU_FEATURE_INTEL_BTS, XENPMU_FEATURE_IPC_ONLY};
+use vpmu::{CounterSet, GuestPolicy, RawEvent};
+
+use crate::caps::IntelCaps;
+use crate::events::{ARCH_ONLY_EVENTS, IPC_ONLY_EVENTS, umask_event};
+use crate::msrs::{
+    EVTSEL_ANY_THREAD, EVTSEL_EN, EVTSEL_PIN_CONTROL, FIXED_OS, FIXED_PMI, FIXED_USR,
+    STATUS_COND_CHANGED, STATUS_OVF_BUFFER, at_fixed_nibble, fixed_nibble,
+};
+
+/// A guest value the policy refuses: the guest gets #GP (WRMSR) or the flush fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused;
+
+/// Bits of PERFEVTSELx a guest may set: the architectural low 32 bits without AnyThread
+/// (cross-thread counting leaks the sibling's activity, Xen 9f5390441a) and Pin Control
+/// (undefined, crashed Haswell/Broadwell hosts, Xen 8bf68dca65). Bits 63:32 (TSX qualifiers,
+/// PEBS adaptive) are not virtualised.
+pub const EVTSEL_GUEST_BITS: u64 = 0xffff_ffff & !EVTSEL_ANY_THREAD & !EVTSEL_PIN_CONTROL;
+
+/// Bits of a FIXED_CTR_CTRL nibble a guest may set: OS, USR, PMI; not AnyThread.
+pub const FIXED_GUEST_BITS: u64 = FIXED_OS | FIXED_USR | FIXED_PMI;
+
+/// The fixed counter that counts topdown slots, an event neither feature whitelist contains.
+const TOPDOWN_SLOTS_FIXED: u32 = 3;
+
+/// The guest's register rules for one enumerated PMU: every mask derived from the enumeration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestRules {
+    gp_value_mask: u64,
+    fixed_value_mask: u64,
+    fixed_counters: u32,
+    fixed_ctrl_bits: u64,
+    global_ctrl_bits: u64,
+    status_bits: u64,
+    status_set_bits: u64,
+    debug_store: bool,
+}
+
+fn restricted_events(features: u64) -> Option<&'static [u16]> {
+    if features & XENPMU_FEATURE_ARCH_ONLY != 0 {
+        Some(&ARCH_ONLY_EVENTS)
+    } else if features & XENPMU_FEATURE_IPC_ONLY != 0 {
+        Some(&IPC_ONLY_EVENTS)
+    } else {
+        None
+    }
+}
+
+fn is_canonical_48(address: u64) -> bool {
+    (((address << 16) as i64) >> 16) as u64 == address
+}
+
+impl GuestRules {
+    /// The rules for the PMU `caps` describes.
+    pub fn new(caps: &IntelCaps) -> Self {
+        let counters = caps.all_counters().0;
+        let fixed_ctrl_bits = (0..u32::BITS)
+            .filter(|&i| caps.has_fixed(i))
+            .fold(0, |bits, i| bits | at_fixed_nibble(FIXED_GUEST_BITS, i));
+        GuestRules {
+            gp_value_mask: caps.gp_value_mask(),
+            fixed_value_mask: caps.fixed_value_mask(),
+            fixed_counters: caps.fixed_counters(),
+            fixed_ctrl_bits,
+            global_ctrl_bits: counters,
+            // Counter overflows plus OvfBuffer and CondChgd, as KVM and Xen allow; never the
+            // uncore (61) or freeze bits, which would reach state the guest does not own.
+            status_bits: counters | STATUS_OVF_BUFFER | STATUS_COND_CHANGED,
+            status_set_bits: if caps.version() >= 4 {
+                counters | STATUS_OVF_BUFFER
+            } else {
+                0
+            },
+            debug_store: caps.debug_store(),
+        }
+    }
+
+    /// GLOBAL_STATUS bits the virtual status can hold; also what OVF_CTRL may clear.
+    pub fn status_bits(&self) -> u64 {
+        self.status_bits
+    }
+
+    /// PERFEVTSELx. Reserved or forbidden bits, or (under IPC_ONLY/ARCH_ONLY) an enabled
+    /// event outside the whitelist, are refused. The features judge only enabled selectors: a
+    /// disabled one cannot count, and guests clear selectors with arbitrary event bits.
+    /// Returns the hardware value: EN cleared if the per-domain filter denies the event.
+    pub fn event_select(&self, value: u64, policy: &GuestPolicy<'_>) -> Result<u64, Refused> {
+        if value & !EVTSEL_GUEST_BITS != 0 {
+            return Err(Refused);
+        }
+        if value & EVTSEL_EN == 0 {
+            return Ok(value);
+        }
+        if let Some(allowed) = restricted_events(policy.features) {
+            if !allowed.contains(&umask_event(value)) {
+                return Err(Refused);
+            }
+        }
+        let event = RawEvent {
+            select: (value & 0xff) as u16,
+            umask: ((value >> 8) & 0xff) as u8,
+        };
+        if policy.filter.allows(event) {
+            Ok(value)
+        } else {
+            Ok(value & !EVTSEL_EN)
+        }
+    }
+
+    /// IA32_FIXED_CTR_CTRL. Nibbles of absent counters, AnyThread, and (under
+    /// IPC_ONLY/ARCH_ONLY) enabling topdown slots are refused. Returns the hardware value: the
+    /// OS/USR enables of counters the filter denies cleared.
+    pub fn fixed_ctrl(&self, value: u64, policy: &GuestPolicy<'_>) -> Result<u64, Refused> {
+        if value & !self.fixed_ctrl_bits != 0 {
+            return Err(Refused);
+        }
+        let enables = FIXED_OS | FIXED_USR;
+        if restricted_events(policy.features).is_some()
+            && fixed_nibble(value, TOPDOWN_SLOTS_FIXED) & enables != 0
+        {
+            return Err(Refused);
+        }
+        let denied = (0..u32::BITS)
+            .filter(|&i| self.fixed_counters & (1 << i) != 0 && !policy.filter.allows_fixed(i))
+            .fold(0, |bits, i| bits | at_fixed_nibble(enables, i));
+        Ok(value & !denied)
+    }
+
+    /// IA32_PERF_GLOBAL_CTRL: enable bits of present counters only.
+    pub fn global_ctrl(&self, value: u64) -> Result<u64, Refused> {
+        self.within(value, self.global_ctrl_bits)
+    }
+
+    /// IA32_PERF_GLOBAL_OVF_CTRL: the bits the virtual status can hold.
+    pub fn ovf_ctrl(&self, value: u64) -> Result<u64, Refused> {
+        self.within(value, self.status_bits)
+    }
+
+    /// IA32_PERF_GLOBAL_STATUS_SET (v4+): counter bits and OvfBuffer.
+    pub fn status_set(&self, value: u64) -> Result<u64, Refused> {
+        self.within(value, self.status_set_bits)
+    }
+
+    /// A general-purpose counter value written through IA32_A_PMCx (or restored from the
+    /// page): bits above the width are refused, as full-width writes #GP on hardware.
+    pub fn full_width_counter(&self, value: u64) -> Result<u64, Refused> {
+        self.within(value, self.gp_value_mask)
+    }
+
+    /// A value written through the legacy IA32_PMCx alias: bits 31:0 sign-extended, then
+    /// masked to the width. Never refused.
+    pub fn legacy_counter(&self, value: u64) -> u64 {
+        (value as u32 as i32 as i64 as u64) & self.gp_value_mask
+    }
+
+    /// IA32_FIXED_CTRx: bits above the fixed width are refused (Xen).
+    pub fn fixed_counter(&self, value: u64) -> Result<u64, Refused> {
+        self.within(value, self.fixed_value_mask)
+    }
+
+    /// IA32_DS_AREA. 0 (the reset value, which enables nothing) is always accepted, so that a
+    /// context the guest never gave a DS area verifies at flush under any feature set. Anything
+    /// else needs `XENPMU_FEATURE_INTEL_BTS`, a CPU with the 64-bit debug store, no event
+    /// restriction feature, and a canonical address (Xen 5d0683a4f5).
+    pub fn ds_area(&self, value: u64, policy: &GuestPolicy<'_>) -> Result<u64, Refused> {
+        if value == 0 {
+            return Ok(0);
+        }
+        let bts = policy.features & XENPMU_FEATURE_INTEL_BTS != 0;
+        let restricted = restricted_events(policy.features).is_some();
+        if bts && !restricted && self.debug_store && is_canonical_48(value) {
+            Ok(value)
+        } else {
+            Err(Refused)
+        }
+    }
+
+    /// IA32_PEBS_ENABLE: PEBS is not virtualised and its reserved bits are model specific, so
+    /// only 0 is accepted (whitelist, Xen fb424bf6b5).
+    pub fn pebs_enable(&self, value: u64) -> Result<u64, Refused> {
+        self.within(value, 0)
+    }
+
+    /// The counters a GLOBAL_STATUS value names (bits 62/63 dropped).
+    pub fn status_counters(&self, status: u64) -> CounterSet {
+        CounterSet(status & self.global_ctrl_bits)
+    }
+
+    fn within(&self, value: u64, allowed: u64) -> Result<u64, Refused> {
+        if value & !allowed == 0 {
+            Ok(value)
+        } else {
+            Err(Refused)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synthetic::SyntheticCpuid;
+    use vpmu::EventFilter;
+
+    fn rules(shape: SyntheticCpuid) -> GuestRules {
+        GuestRules::new(&IntelCaps::from_cpuid_reader(shape, None).expect("valid shape"))
+    }
+
+    struct DenyBranchesAndFixed1;
+
+    impl EventFilter for DenyBranchesAndFixed1 {
+        fn allows(&self, event: RawEvent) -> bool {
+            event.select != 0xc4
+        }
+
+        fn allows_fixed(&self, index: u32) -> bool {
+            index != 1
+        }
+    }
+
+    fn with_features(features: u64) -> GuestPolicy<'static> {
+        GuestPolicy {
+            features,
+            ..GuestPolicy::guest_default()
+        }
+    }
+
+    #[test]
+    fn event_select_forbidden_bits() {
+        let r = rules(SyntheticCpuid::v2(4, 3));
+        let policy = GuestPolicy::guest_default();
+        let base = 0x0043_00c0;
+        assert_eq!(r.event_select(base, &policy), Ok(base));
+        assert_eq!(
+            r.event_select(base | EVTSEL_ANY_THREAD, &policy),
+            Err(Refused)
+        );
+        assert_eq!(
+            r.event_select(base | EVTSEL_PIN_CONTROL, &policy),
+            Err(Refused)
+        );
+        for bit in 32..64 {
+            assert_eq!(r.event_select(base | 1 << bit, &policy), Err(Refused));
+        }
+    }
+
+    #[test]
+    fn feature_whitelists_judge_enabled_selectors() {
+        let r = rules(SyntheticCpuid::v2(4, 3));
+        let ipc = with_features(XENPMU_FEATURE_IPC_ONLY);
+        let arch = with_features(XENPMU_FEATURE_ARCH_ONLY);
+        let branches = 0x0043_00c4;
+        assert_eq!(r.event_select(branches, &ipc), Err(Refused));
+        assert_eq!(r.event_select(branches, &arch), Ok(branches));
+        assert_eq!(r.event_select(0x0043_00d1, &arch), Err(Refused));
+        assert_eq!(r.event_select(0x0043_013c, &ipc), Ok(0x0043_013c));
+        // Disabled selectors cannot count and pass whatever their event.
+        assert_eq!(r.event_select(0x0003_00d1, &ipc), Ok(0x0003_00d1));
+        assert_eq!(r.event_select(0, &ipc), Ok(0));
+    }
+
+    #[test]
+    fn filter_clears_enable_but_keeps_guest_value() {
+        let r = rules(SyntheticCpuid::v2(4, 3));
+        let policy = GuestPolicy {
+            features: 0,
+            filter: &DenyBranchesAndFixed1,
+            may_count_host: false,
+        };
+        assert_eq!(r.event_select(0x0053_00c4, &policy), Ok(0x0013_00c4));
+        assert_eq!(r.event_select(0x0053_00c0, &policy), Ok(0x0053_00c0));
+        assert_eq!(r.fixed_ctrl(0xbbb, &policy), Ok(0xb8b));
+    }
+
+    #[test]
+    fn fixed_ctrl_masks_follow_enumeration() {
+        let policy = GuestPolicy::guest_default();
+        let three = rules(SyntheticCpuid::v2(4, 3));
+        assert_eq!(three.fixed_ctrl(0xbbb, &policy), Ok(0xbbb));
+        assert_eq!(three.fixed_ctrl(0xb000, &policy), Err(Refused));
+        assert_eq!(three.fixed_ctrl(0x4, &policy), Err(Refused), "AnyThread");
+        let sparse = rules(SyntheticCpuid::v5(8, 0, 0b1001));
+        assert_eq!(sparse.fixed_ctrl(0xb00b, &policy), Ok(0xb00b));
+        assert_eq!(sparse.fixed_ctrl(0x00b0, &policy), Err(Refused));
+        let ipc = with_features(XENPMU_FEATURE_IPC_ONLY);
+        assert_eq!(sparse.fixed_ctrl(0x8000, &ipc), Ok(0x8000));
+        assert_eq!(
+            sparse.fixed_ctrl(0x3000, &ipc),
+            Err(Refused),
+            "topdown slots"
+        );
+    }
+
+    #[test]
+    fn global_registers_follow_enumeration() {
+        let v2 = rules(SyntheticCpuid::v2(4, 3));
+        assert_eq!(v2.global_ctrl(0x7_0000_000f), Ok(0x7_0000_000f));
+        assert_eq!(v2.global_ctrl(1 << 4), Err(Refused));
+        assert_eq!(v2.global_ctrl(1 << 35), Err(Refused));
+        assert_eq!(
+            v2.ovf_ctrl(STATUS_COND_CHANGED | 1),
+            Ok(STATUS_COND_CHANGED | 1)
+        );
+        assert_eq!(
+            v2.ovf_ctrl(1 << 61),
+            Err(Refused),
+            "uncore overflow is not the guest's"
+        );
+        assert_eq!(v2.status_set(1), Err(Refused), "no STATUS_SET before v4");
+        let v5 = rules(SyntheticCpuid::v5(8, 4, 0));
+        assert_eq!(v5.status_set(0xff), Ok(0xff));
+        assert_eq!(v5.status_set(STATUS_COND_CHANGED), Err(Refused));
+    }
+
+    #[test]
+    fn counter_values() {
+        let r = rules(SyntheticCpuid::v2(4, 3));
+        assert_eq!(r.legacy_counter(0xff01_2345_6789), 0x2345_6789);
+        assert_eq!(r.legacy_counter(0x8000_0000), 0xffff_8000_0000);
+        assert_eq!(r.full_width_counter(0xffff_ffff_ffff), Ok(0xffff_ffff_ffff));
+        assert_eq!(r.full_width_counter(1 << 48), Err(Refused));
+        assert_eq!(r.fixed_counter(1 << 48), Err(Refused));
+    }
+
+    #[test]
+    fn ds_area_and_pebs() {
+        let shape = SyntheticCpuid {
+            debug_store: true,
+            ..SyntheticCpuid::v2(4, 3)
+        };
+        let r = rules(shape);
+        let bts = with_features(XENPMU_FEATURE_INTEL_BTS);
+        let none = GuestPolicy::guest_default();
+        assert_eq!(r.ds_area(0, &none), Ok(0));
+        assert_eq!(r.ds_area(0xffff_8000_0000_1000, &none), Err(Refused));
+        assert_eq!(
+            r.ds_area(0xffff_8000_0000_1000, &bts),
+            Ok(0xffff_8000_0000_1000)
+        );
+        assert_eq!(
+            r.ds_area(0x0000_8000_0000_1000, &bts),
+            Err(Refused),
+            "non-canonical"
+        );
+        let bts_ipc = with_features(XENPMU_FEATURE_INTEL_BTS | XENPMU_FEATURE_IPC_ONLY);
+        assert_eq!(r.ds_area(0x1000, &bts_ipc), Err(Refused));
+        let no_ds = rules(SyntheticCpuid::v2(4, 3));
+        assert_eq!(no_ds.ds_area(0x1000, &bts), Err(Refused));
+        assert_eq!(r.pebs_enable(0), Ok(0));
+        assert_eq!(r.pebs_enable(1), Err(Refused));
+    }
+
+    #[test]
+    fn status_counters_drop_buffer_bits() {
+        let r = rules(SyntheticCpuid::v2(4, 3));
+        let set = r.status_counters(STATUS_OVF_BUFFER | STATUS_COND_CHANGED | 1 << 33 | 1);
+        assert_eq!(set, CounterSet::gp(0).union(CounterSet::fixed(1)));
+    }
+}

@@ -1,0 +1,160 @@
+//! Context switch and overflow collection, with the fewest MSR accesses.
+//!
+//! Invariant between contexts ("clean hardware"): every PERFEVTSELx, FIXED_CTR_CTRL and
+//! GLOBAL_CTRL is 0 and no GLOBAL_STATUS bit the guests can own is set. Load and save touch only
+//! the counters the context uses; a context that uses none costs nothing.
+//!
+//! The virtual GLOBAL_STATUS lives in the context at all times. Save and PMIs fold the
+//! hardware's bits into it and acknowledge them; load never writes status back (no
+//! GLOBAL_STATUS_SET), so it works the same on v2–v5 and never re-raises an overflow the guest
+//! was already told about. Guest reads combine the virtual status with the live one.
+
+use vpmu::{Msr, MsrBus, MsrFault, Overflow};
+
+use crate::access::indices;
+use crate::backend::IntelPmu;
+use crate::context::IntelContext;
+use crate::msrs::{
+    EVTSEL_INT, FIXED_PMI, IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_CTRL,
+    IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, event_select, fixed_counter, fixed_nibble,
+    legacy_counter,
+};
+
+impl IntelPmu {
+    pub(crate) fn save_context<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: &mut B,
+    ) -> Result<(), MsrFault> {
+        let live = ctx.in_use;
+        if live.is_empty() && ctx.ds_area == 0 {
+            return Ok(());
+        }
+        // One write stops every counter, so the values read below are final.
+        if !live.is_empty() {
+            hw.write(Msr(IA32_PERF_GLOBAL_CTRL), 0)?;
+        }
+        self.fold_status(ctx, hw)?;
+        for index in indices(live.gp_bits()) {
+            let value = hw.read(legacy_counter(index))? & self.caps.gp_value_mask();
+            if let Some(slot) = ctx.gp_counters.get_mut(index as usize) {
+                *slot = value;
+            }
+        }
+        for index in indices(live.fixed_bits()) {
+            let value = hw.read(fixed_counter(index))? & self.caps.fixed_value_mask();
+            if let Some(slot) = ctx.fixed_counters.get_mut(index as usize) {
+                *slot = value;
+            }
+        }
+        for index in indices(live.gp_bits()) {
+            if ctx
+                .event_selects_hw
+                .get(index as usize)
+                .is_some_and(|&sel| sel != 0)
+            {
+                hw.write(event_select(index), 0)?;
+            }
+        }
+        if live.fixed_bits() != 0 && ctx.fixed_ctrl_hw != 0 {
+            hw.write(Msr(IA32_FIXED_CTR_CTRL), 0)?;
+        }
+        if ctx.ds_area != 0 {
+            hw.write(Msr(IA32_DS_AREA), 0)?;
+        }
+        ctx.recompute_in_use();
+        Ok(())
+    }
+
+    pub(crate) fn load_context<B: MsrBus>(
+        &self,
+        ctx: &IntelContext,
+        hw: &mut B,
+    ) -> Result<(), MsrFault> {
+        let live = ctx.in_use;
+        // Values before controls: the hardware may hold another vCPU's counts.
+        for index in indices(live.gp_bits()) {
+            if let Some(&value) = ctx.gp_counters.get(index as usize) {
+                self.program_gp_counter(hw, index, value)?;
+            }
+        }
+        for index in indices(live.fixed_bits()) {
+            if let Some(&value) = ctx.fixed_counters.get(index as usize) {
+                hw.write(fixed_counter(index), value)?;
+            }
+        }
+        for index in indices(live.gp_bits()) {
+            match ctx.event_selects_hw.get(index as usize) {
+                Some(&sel) if sel != 0 => hw.write(event_select(index), sel)?,
+                _ => {}
+            }
+        }
+        if live.fixed_bits() != 0 && ctx.fixed_ctrl_hw != 0 {
+            hw.write(Msr(IA32_FIXED_CTR_CTRL), ctx.fixed_ctrl_hw)?;
+        }
+        if ctx.ds_area != 0 {
+            hw.write(Msr(IA32_DS_AREA), ctx.ds_area)?;
+        }
+        // Global enables last: nothing counts until everything above is in place. Written even
+        // when 0, so that a CPU nobody cleaned (power-on enables the GP counters) cannot count
+        // for a context that disabled them.
+        if !live.is_empty() {
+            hw.write(Msr(IA32_PERF_GLOBAL_CTRL), ctx.global_ctrl)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn collect_overflow<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: &mut B,
+    ) -> Result<Overflow, MsrFault> {
+        let recorded = self.fold_status(ctx, hw)?;
+        let counters = self.rules.status_counters(recorded);
+        let gp_interrupt = indices(counters.gp_bits()).any(|i| {
+            ctx.event_selects
+                .get(i as usize)
+                .is_some_and(|&sel| sel & EVTSEL_INT != 0)
+        });
+        let fixed_interrupt = indices(counters.fixed_bits())
+            .any(|i| fixed_nibble(ctx.fixed_ctrl, i) & FIXED_PMI != 0);
+        Ok(Overflow {
+            counters,
+            interrupt: gp_interrupt || fixed_interrupt,
+        })
+    }
+
+    /// Reads GLOBAL_STATUS, records this context's bits in its virtual status, and acknowledges
+    /// every guest-ownable bit that is set (so none is left for the next owner). Returns the
+    /// bits recorded.
+    fn fold_status<B: MsrBus>(&self, ctx: &mut IntelContext, hw: &mut B) -> Result<u64, MsrFault> {
+        let status = hw.read(Msr(IA32_PERF_GLOBAL_STATUS))?;
+        let recorded = status & ctx.live_status_bits();
+        ctx.global_status |= recorded;
+        let acknowledge = status & self.rules.status_bits();
+        if acknowledge != 0 {
+            hw.write(Msr(IA32_PERF_GLOBAL_OVF_CTRL), acknowledge)?;
+        }
+        Ok(recorded)
+    }
+
+    /// Establishes the clean-hardware invariant on a CPU whose PMU state is unknown (bring-up,
+    /// or after someone else used the PMU): stops and clears every control of the enumerated
+    /// PMU and acknowledges pending overflows. Counter values are left alone; loads overwrite
+    /// the ones they use.
+    pub fn clean_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault> {
+        hw.write(Msr(IA32_PERF_GLOBAL_CTRL), 0)?;
+        for index in 0..self.caps.gp_counters() {
+            hw.write(event_select(index), 0)?;
+        }
+        if self.caps.fixed_counters() != 0 {
+            hw.write(Msr(IA32_FIXED_CTR_CTRL), 0)?;
+        }
+        let status = hw.read(Msr(IA32_PERF_GLOBAL_STATUS))?;
+        let acknowledge = status & self.rules.status_bits();
+        if acknowledge != 0 {
+            hw.write(Msr(IA32_PERF_GLOBAL_OVF_CTRL), acknowledge)?;
+        }
+        Ok(())
+    }
+}

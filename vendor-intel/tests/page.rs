@@ -1,0 +1,297 @@
+//! The context in the shared page's vendor area: round trips, the backend's own geometry, and
+//! flush verification with the WRMSR validators.
+
+mod common;
+
+use common::*;
+use vpmu::abi::{
+    CounterPair, IntelBanks, VendorArea, VendorLayout, XENPMU_FEATURE_INTEL_BTS,
+    XENPMU_FEATURE_IPC_ONLY,
+};
+use vpmu::{ContextError, EventFilter, GuestPolicy, HwEvent, PmuBackend, RawEvent};
+use vpmu_intel::{IntelContext, SyntheticCpuid};
+
+fn busy_context(m: &mut Machine) -> IntelContext {
+    let mut vcpu = m.vcpu();
+    m.load(&mut vcpu);
+    for i in 0..8 {
+        m.set(&mut vcpu, A_PMC0 + i, 0x100 * u64::from(i + 1));
+        m.set(
+            &mut vcpu,
+            EVTSEL0 + i,
+            ENABLE_ALL_RINGS | EVTSEL_INT | BRANCHES,
+        );
+    }
+    m.set(&mut vcpu, PMC0 + 7, 1u64.wrapping_neg());
+    m.set(&mut vcpu, FIXED_CTR0 + 3, 0x42);
+    m.set(&mut vcpu, FIXED_CTR_CTRL, 0xb00b);
+    m.set(&mut vcpu, GLOBAL_CTRL, 0x9_0000_00ff);
+    m.run(HwEvent::Branches, 1, KERNEL);
+    m.save(&mut vcpu);
+    assert_eq!(vcpu.ctx.virtual_status(), 1 << 7, "counter 7 overflowed");
+    vcpu.ctx
+}
+
+fn area_of(m: &Machine, ctx: &IntelContext) -> VendorArea {
+    let mut area = VendorArea::default();
+    m.pmu.context_to_page(ctx, &mut area);
+    area
+}
+
+fn banks(m: &Machine) -> IntelBanks {
+    match m.pmu.page_layout() {
+        VendorLayout::Intel(banks) => banks,
+        other => panic!("Intel backend with {other:?}"),
+    }
+}
+
+fn flush(
+    m: &Machine,
+    area: &VendorArea,
+    saved: &IntelContext,
+) -> Result<IntelContext, ContextError> {
+    m.pmu
+        .context_from_page(area, saved, &GuestPolicy::guest_default())
+}
+
+fn refusal(register: &'static str, index: Option<u32>, value: u64) -> ContextError {
+    ContextError {
+        register,
+        index,
+        value,
+    }
+}
+
+#[test]
+fn page_round_trip_is_the_identity() {
+    let mut m = Machine::v5();
+    let ctx = busy_context(&mut m);
+    let area = area_of(&m, &ctx);
+    let ctxt = area.intel_ctxt();
+    assert_eq!((ctxt.fixed_count, ctxt.arch_count), (4, 8));
+    assert_eq!(ctxt.global_ctrl, 0x9_0000_00ff);
+    assert_eq!(ctxt.global_status, 1 << 7);
+    assert_eq!(ctxt.fixed_ctrl, 0xb00b);
+    let b = banks(&m);
+    assert_eq!(b.fixed_counter(&area, 3), Ok(0x42));
+    assert_eq!(
+        b.pair(&area, 2),
+        Ok(CounterPair {
+            counter: 0x301,
+            control: ENABLE_ALL_RINGS | EVTSEL_INT | BRANCHES
+        })
+    );
+    assert_eq!(flush(&m, &area, &ctx), Ok(ctx));
+}
+
+#[test]
+fn edited_page_is_loaded_as_written() {
+    let mut m = Machine::v5();
+    let ctx = busy_context(&mut m);
+    let mut area = area_of(&m, &ctx);
+    let b = banks(&m);
+    b.set_pair(
+        &mut area,
+        5,
+        CounterPair {
+            counter: 0xabc,
+            control: ENABLE_ALL_RINGS | INSTRUCTIONS,
+        },
+    )
+    .expect("in bank");
+    let mut ctxt = area.intel_ctxt();
+    ctxt.global_ovf_ctrl = 1 << 7;
+    area.set_intel_ctxt(&ctxt);
+    let mut vcpu = Vcpu {
+        ctx: flush(&m, &area, &ctx).expect("legal edits"),
+        loaded: false,
+    };
+    assert_eq!(
+        vcpu.ctx.virtual_status(),
+        0,
+        "OVF_CTRL acknowledged counter 7"
+    );
+    m.load(&mut vcpu);
+    assert_eq!(m.hw.registers().gp_counters[5], 0xabc);
+    assert_eq!(
+        m.hw.registers().event_selects[5],
+        ENABLE_ALL_RINGS | INSTRUCTIONS
+    );
+    m.run(HwEvent::Instructions, 4, USER);
+    assert_eq!(m.get(&mut vcpu, PMC0 + 5), 0xac0);
+    m.save(&mut vcpu);
+    let again = area_of(&m, &vcpu.ctx);
+    assert_eq!(again.intel_ctxt().global_ovf_ctrl, 0, "reads as 0 again");
+}
+
+#[test]
+fn geometry_words_in_the_page_are_ignored() {
+    let mut m = Machine::v5();
+    let ctx = busy_context(&mut m);
+    let mut area = area_of(&m, &ctx);
+    let mut ctxt = area.intel_ctxt();
+    // Point the banks somewhere else, as a malicious guest would.
+    ctxt.fixed_counters = 512;
+    ctxt.arch_counters = 600;
+    ctxt.fixed_count = 60;
+    ctxt.arch_count = 200;
+    area.set_intel_ctxt(&ctxt);
+    assert_eq!(flush(&m, &area, &ctx), Ok(ctx));
+}
+
+#[test]
+fn every_illegal_register_is_refused_with_its_name() {
+    let mut m = Machine::v5();
+    let ctx = busy_context(&mut m);
+    let clean = area_of(&m, &ctx);
+    let b = banks(&m);
+    type Edit = fn(&mut VendorArea, &IntelBanks);
+    let cases: [(Edit, ContextError); 12] = [
+        (
+            |a, _| edit_ctxt(a, |c| c.global_ctrl = 1 << 8),
+            refusal("global_ctrl", None, 1 << 8),
+        ),
+        (
+            |a, _| edit_ctxt(a, |c| c.fixed_ctrl = 0x4),
+            refusal("fixed_ctrl", None, 0x4),
+        ),
+        (
+            |a, _| edit_ctxt(a, |c| c.global_status = 1 << 7 | 1),
+            refusal("global_status", None, 1 << 7 | 1),
+        ),
+        (
+            |a, _| edit_ctxt(a, |c| c.global_ovf_ctrl = 1 << 61),
+            refusal("global_ovf_ctrl", None, 1 << 61),
+        ),
+        (
+            |a, _| edit_ctxt(a, |c| c.ds_area = 0xffff_8000_0000_0000),
+            refusal("ds_area", None, 0xffff_8000_0000_0000),
+        ),
+        (
+            |a, _| edit_ctxt(a, |c| c.pebs_enable = 1),
+            refusal("pebs_enable", None, 1),
+        ),
+        (
+            |a, b| b.set_fixed_counter(a, 2, 1 << 48).expect("in bank"),
+            refusal("fixed_counter", Some(2), 1 << 48),
+        ),
+        (
+            |a, b| set_counter(a, b, 6, 0xffff_ff01_2345_6789),
+            refusal("counter", Some(6), 0xffff_ff01_2345_6789),
+        ),
+        (
+            |a, b| set_control(a, b, 1, ENABLE_ALL_RINGS | 1 << 21),
+            refusal("evtsel", Some(1), ENABLE_ALL_RINGS | 1 << 21),
+        ),
+        (
+            |a, b| set_control(a, b, 4, ENABLE_ALL_RINGS | 1 << 19),
+            refusal("evtsel", Some(4), ENABLE_ALL_RINGS | 1 << 19),
+        ),
+        (
+            |a, b| set_control(a, b, 7, 1 << 32),
+            refusal("evtsel", Some(7), 1 << 32),
+        ),
+        (
+            |a, _| edit_ctxt(a, |c| c.fixed_ctrl = 0x7000),
+            refusal("fixed_ctrl", None, 0x7000),
+        ),
+    ];
+    for (edit, expected) in cases {
+        let mut area = clean.clone();
+        edit(&mut area, &b);
+        assert_eq!(flush(&m, &area, &ctx), Err(expected));
+    }
+}
+
+fn edit_ctxt(area: &mut VendorArea, change: impl FnOnce(&mut vpmu::abi::IntelCtxt)) {
+    let mut ctxt = area.intel_ctxt();
+    change(&mut ctxt);
+    area.set_intel_ctxt(&ctxt);
+}
+
+fn set_counter(area: &mut VendorArea, banks: &IntelBanks, index: usize, counter: u64) {
+    let pair = banks.pair(area, index).expect("in bank");
+    banks
+        .set_pair(area, index, CounterPair { counter, ..pair })
+        .expect("in bank");
+}
+
+fn set_control(area: &mut VendorArea, banks: &IntelBanks, index: usize, control: u64) {
+    let pair = banks.pair(area, index).expect("in bank");
+    banks
+        .set_pair(area, index, CounterPair { control, ..pair })
+        .expect("in bank");
+}
+
+#[test]
+fn holes_of_a_sparse_fixed_bank_must_stay_zero() {
+    let m = Machine::new(SyntheticCpuid::v5(4, 0, 0b1001), None);
+    let ctx = m.vcpu().ctx;
+    let mut area = area_of(&m, &ctx);
+    assert_eq!(area.intel_ctxt().fixed_count, 4);
+    let b = banks(&m);
+    b.set_fixed_counter(&mut area, 3, 7).expect("present");
+    assert!(flush(&m, &area, &ctx).is_ok());
+    b.set_fixed_counter(&mut area, 1, 7).expect("hole");
+    assert_eq!(
+        flush(&m, &area, &ctx),
+        Err(refusal("fixed_counter", Some(1), 7))
+    );
+}
+
+#[test]
+fn flush_applies_features_and_filter_like_wrmsr() {
+    let mut m = Machine::v5();
+    let ctx = m.vcpu().ctx;
+    let b = banks(&m);
+    let mut area = area_of(&m, &ctx);
+    set_control(&mut area, &b, 0, ENABLE_ALL_RINGS | BRANCHES);
+
+    let ipc = GuestPolicy {
+        features: XENPMU_FEATURE_IPC_ONLY,
+        ..GuestPolicy::guest_default()
+    };
+    assert_eq!(
+        m.pmu.context_from_page(&area, &ctx, &ipc),
+        Err(refusal("evtsel", Some(0), ENABLE_ALL_RINGS | BRANCHES))
+    );
+
+    struct NoBranches;
+    impl EventFilter for NoBranches {
+        fn allows(&self, event: RawEvent) -> bool {
+            event.select != 0xc4
+        }
+        fn allows_fixed(&self, _index: u32) -> bool {
+            true
+        }
+    }
+    let filtered = GuestPolicy {
+        features: 0,
+        filter: &NoBranches,
+        may_count_host: false,
+    };
+    let mut vcpu = Vcpu {
+        ctx: m
+            .pmu
+            .context_from_page(&area, &ctx, &filtered)
+            .expect("a filtered event is legal"),
+        loaded: false,
+    };
+    assert_eq!(vcpu.ctx.event_select(0), Some(ENABLE_ALL_RINGS | BRANCHES));
+    assert!(
+        !m.pmu.is_active(&vcpu.ctx),
+        "the filtered counter cannot count"
+    );
+    m.load(&mut vcpu);
+    assert_eq!(
+        m.hw.registers().event_selects[0],
+        (1 << 17) | (1 << 16) | BRANCHES
+    );
+
+    let bts = GuestPolicy {
+        features: XENPMU_FEATURE_INTEL_BTS,
+        ..GuestPolicy::guest_default()
+    };
+    edit_ctxt(&mut area, |c| c.ds_area = 0xffff_8000_0000_0000);
+    assert!(m.pmu.context_from_page(&area, &ctx, &bts).is_ok());
+}
