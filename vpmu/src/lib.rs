@@ -1,21 +1,39 @@
 //! # vpmu: the vendor-neutral virtual-PMU core
 //!
 //! Modes, features, per-vCPU state, context switch, guest MSR intercepts, PMI routing and the
-//! control operations of the xenpmu ABI (`vpmu-abi`).
+//! control operations of the xenpmu ABI (`vpmu-abi`, specified in `docs/abi.md`).
 //!
 //! * [`msr`]: MSR numbers and the hardware-access trait [`MsrBus`] (real MSRs behind the
 //!   `hw-msr` feature, a software model, or a VMM).
 //! * [`backend`]: the trait a vendor backend implements ([`PmuBackend`]), and the software PMU
 //!   model trait ([`SoftwarePmu`]).
+//! * [`platform`]: what the integrating hypervisor provides ([`Platform`]).
+//! * [`Vpmu`]: the global state and the entry points: [`Vpmu::rdmsr`]/[`Vpmu::wrmsr`]
+//!   (intercepts), [`Vpmu::context_switch`], [`Vpmu::handle_pmi`], [`Vpmu::control_op`],
+//!   [`Vpmu::teardown_vcpu`]. Per-vCPU state is a [`VcpuPmu`], per-pCPU state a [`PcpuPmu`],
+//!   both owned by the integrator; the core allocates nothing.
 #![no_std]
+// The only unsafe code is RDMSR/WRMSR in `msr::hardware`, behind the `hw-msr` feature.
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod backend;
+mod core;
+mod intercept;
 pub mod msr;
+mod ops;
+pub mod platform;
+mod pmi;
+mod state;
+mod switch;
 
+pub use crate::core::{VcpuTable, Vpmu};
 pub use backend::{
     AllowAll, ContextError, CounterSet, EventFilter, ExecMode, GuestPolicy, HwEvent, MsrOutcome,
     Overflow, PmuBackend, PmuCapabilities, RawEvent, SoftwarePmu, Vendor,
 };
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};
+pub use platform::{Diagnostic, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform, VcpuId};
+pub use pmi::PmiOutcome;
+pub use state::{PcpuPmu, VcpuPmu, VcpuState, VcpuStats};
 pub use vpmu_abi as abi;

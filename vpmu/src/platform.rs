@@ -1,0 +1,120 @@
+//! The integrator's side: what a hypervisor provides to the core.
+//!
+//! The core owns no memory of its own beyond the state objects the integrator embeds
+//! ([`crate::VcpuPmu`] per vCPU, [`crate::PcpuPmu`] per physical CPU) and reaches everything
+//! else — guest memory, virtual interrupt controllers, the interrupted register state — through
+//! [`Platform`].
+
+use vpmu_abi::{Page, Regs};
+
+use crate::backend::EventFilter;
+
+/// A vCPU: its domain and its index within the domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VcpuId {
+    /// Domain id (below `XENPMU_DOMID_FIRST_RESERVED`).
+    pub domain: u32,
+    /// vCPU index within the domain.
+    pub vcpu: u32,
+}
+
+/// A registered shared page, as the platform identifies its mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PageSlot(pub u64);
+
+/// Why a guest frame could not be mapped as a shared page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapError {
+    /// Not a writable RAM page of the calling domain (`-EINVAL`).
+    InvalidFrame,
+    /// The hypervisor has no room to map it (`-ENOMEM`).
+    NoMemory,
+}
+
+/// What was running when a PMI arrived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interrupted {
+    /// A guest vCPU was executing guest code.
+    Guest {
+        /// The vCPU.
+        vcpu: VcpuId,
+        /// Its registers at the interrupted instruction (`mode` bits filled in).
+        regs: Regs,
+    },
+    /// The hypervisor itself was running (possibly on behalf of a vCPU).
+    Hypervisor {
+        /// The hypervisor's registers (`mode` has `XENPMU_REGS_MODE_HYPERVISOR`).
+        regs: Regs,
+        /// The vCPU the pCPU was running, if any, with its last guest registers.
+        on_behalf_of: Option<(VcpuId, Regs)>,
+    },
+}
+
+/// The result of asking the platform to deliver a PMI through a vCPU's virtual LVTPC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LvtpcDelivery {
+    /// Delivered (as the LVTPC's vector, or as an NMI).
+    Delivered,
+    /// The guest's LVTPC is masked (or its local APIC disabled): nothing delivered.
+    Masked,
+}
+
+/// Guest-reachable diagnostics. The platform must rate-limit them (a guest can trigger them at
+/// will; Xen's XSA-152 was log flooding through exactly such messages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Diagnostic {
+    /// A flush was refused because the guest-edited context failed verification.
+    InvalidContextAtFlush {
+        /// The vCPU that flushed.
+        vcpu: VcpuId,
+        /// Which register was refused.
+        register: &'static str,
+    },
+    /// A mode or feature change was refused with `-EBUSY`.
+    ChangeRefusedBusy {
+        /// The caller.
+        caller: VcpuId,
+    },
+    /// A PMI's sample was dropped because the receiving page still had one cached.
+    SampleDropped {
+        /// The receiving vCPU.
+        vcpu: VcpuId,
+    },
+}
+
+/// Services the hypervisor provides to the core.
+pub trait Platform {
+    /// The privileged (profiling, control) domain.
+    fn privileged_domain(&self) -> u32;
+
+    /// Number of vCPUs of `domain`, or `None` if there is no such domain.
+    fn vcpu_count(&self, domain: u32) -> Option<u32>;
+
+    /// The per-domain event filter (KVM's PMU event filter model).
+    fn event_filter(&self, domain: u32) -> &dyn EventFilter;
+
+    /// Maps guest frame `gfn` of `domain` as a shared page.
+    fn map_page(&mut self, domain: u32, gfn: u64) -> Result<PageSlot, MapError>;
+
+    /// Unmaps a page mapped by `map_page`.
+    fn unmap_page(&mut self, slot: PageSlot);
+
+    /// Runs `access` on the page behind `slot`; `None` if the slot is not mapped.
+    fn with_page<R>(&mut self, slot: PageSlot, access: impl FnOnce(&mut Page) -> R) -> Option<R>;
+
+    /// Delivers a PMI to `vcpu` through its virtual LVTPC, and sets the LVTPC mask bit after
+    /// delivery when `mask_on_delivery` (Intel's behaviour).
+    fn deliver_lvtpc_pmi(&mut self, vcpu: VcpuId, mask_on_delivery: bool) -> LvtpcDelivery;
+
+    /// Raises the PMU virtual interrupt (Xen's VIRQ_XENPMU) on `vcpu`: a sample is in its page.
+    fn raise_pmu_virq(&mut self, vcpu: VcpuId);
+
+    /// Masks or unmasks the physical LVTPC of `pcpu`.
+    fn set_physical_lvtpc_masked(&mut self, pcpu: u32, masked: bool);
+
+    /// What `pcpu` was running when its PMI arrived.
+    fn interrupted(&self, pcpu: u32) -> Interrupted;
+
+    /// Reports a guest-reachable diagnostic; the platform rate-limits it.
+    fn diagnostic(&mut self, diagnostic: Diagnostic);
+}
