@@ -1,0 +1,33 @@
+//! The flush path: a guest-edited vendor area, copied out of the page, verified by the backend,
+//! and — when accepted — loaded onto the hardware. Nothing may panic, an accepted context must
+//! load without a fault, and no forbidden bit may reach the hardware.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use vpmu::PmuBackend;
+use vpmu_abi::VendorArea;
+use zerocopy::FromBytes;
+
+fuzz_target!(|data: &[u8]| {
+    let [vendor, shape, policy, rest @ ..] = data else { return };
+    let mut bytes = [0u8; 1024];
+    let len = rest.len().min(bytes.len());
+    bytes[..len].copy_from_slice(&rest[..len]);
+    let Ok(area) = VendorArea::read_from_bytes(&bytes) else { return };
+    let policy = vpmu_fuzz::policy(*policy);
+    if vendor % 2 == 0 {
+        let (pmu, mut model) = vpmu_fuzz::intel(*shape);
+        let saved = pmu.new_context();
+        if let Ok(ctx) = pmu.context_from_page(&area, &saved, &policy) {
+            pmu.load(&ctx, &mut model).expect("an accepted context loads without a fault");
+            vpmu_fuzz::assert_intel_clean(&model);
+        }
+    } else {
+        let (pmu, mut model) = vpmu_fuzz::amd(*shape);
+        let saved = pmu.new_context();
+        if let Ok(ctx) = pmu.context_from_page(&area, &saved, &policy) {
+            pmu.load(&ctx, &mut model).expect("an accepted context loads without a fault");
+            vpmu_fuzz::assert_amd_clean(&model, policy.may_count_host);
+        }
+    }
+});
