@@ -56,6 +56,10 @@ impl<B: PmuBackend> Vpmu<B> {
         let was_in_use = vcpu.in_use();
         let outcome = if !self.has_vpmu(privileged, vcpu.id) {
             MsrOutcome::GeneralProtection
+        } else if vcpu.state == VcpuState::Cached {
+            // Inside the cached window the context is the page's: a WRMSR would be overwritten
+            // by the flush (or make it fail), so it is refused rather than silently lost.
+            MsrOutcome::GeneralProtection
         } else if self.mode == vpmu_abi::XENPMU_MODE_ALL {
             self.system_write(platform, pcpus, vcpu, msr, value)?
         } else {

@@ -186,18 +186,27 @@ impl<B: PmuBackend> Vpmu<B> {
     ) -> Result<(), OpError> {
         let privileged = platform.privileged_domain();
         let target = self.target(platform, vcpus, caller, params.vcpu)?;
-        if !self.has_vpmu(privileged, target.id) {
-            return Err(OpError::NoVpmu);
+        // The frame is an argument: an invalid one is refused before any state check (check
+        // order, docs/abi.md). Only mapping can tell, so map first and undo it if a state
+        // check fails; running out of room is a resource error, reported after them.
+        let mapped = platform.map_page(caller.domain, params.val);
+        if mapped == Err(MapError::InvalidFrame) {
+            return Err(OpError::InvalidArgument);
         }
-        if target.page.is_some() {
-            return Err(OpError::AlreadyRegistered);
+        let state = if !self.has_vpmu(privileged, target.id) {
+            Err(OpError::NoVpmu)
+        } else if target.page.is_some() {
+            Err(OpError::AlreadyRegistered)
+        } else {
+            Ok(())
+        };
+        if let Err(error) = state {
+            if let Ok(slot) = mapped {
+                platform.unmap_page(slot);
+            }
+            return Err(error);
         }
-        let slot = platform
-            .map_page(caller.domain, params.val)
-            .map_err(|e| match e {
-                MapError::InvalidFrame => OpError::InvalidArgument,
-                MapError::NoMemory => OpError::MapFailed,
-            })?;
+        let slot = mapped.map_err(|_| OpError::MapFailed)?;
         let layout = self.backend.page_layout();
         if platform
             .with_page(slot, |page| init_page(page, &layout))

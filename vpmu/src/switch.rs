@@ -6,6 +6,8 @@
 //! Contexts are never left on a pCPU after their vCPU leaves it: Xen's lazy cross-CPU residency
 //! (removed in 2022, commit defa4e51d2) needed IPIs and raced with migration.
 
+use vpmu_abi::XENPMU_MODE_ALL;
+
 use crate::backend::PmuBackend;
 use crate::core::{VcpuTable, Vpmu};
 use crate::msr::{MsrBus, MsrFault};
@@ -50,7 +52,9 @@ impl<B: PmuBackend> Vpmu<B> {
     }
 
     /// Stops `vcpu`'s vPMU for good: saves its context, discards a pending sample, unmaps its
-    /// page. For vCPUs of a domain being destroyed, without the guest's help.
+    /// page. For vCPUs of a domain being destroyed, without the guest's help, and for finish.
+    /// In all mode the privileged profiler's counters are the system-wide contexts of the
+    /// pCPUs it profiles: those are stopped and dropped too, as its own context is reset.
     pub fn teardown_vcpu<P: Platform, H: MsrBus>(
         &mut self,
         platform: &mut P,
@@ -60,6 +64,15 @@ impl<B: PmuBackend> Vpmu<B> {
         let privileged = platform.privileged_domain();
         let was_in_use = vcpu.in_use();
         self.save_vcpu(pcpus, vcpu)?;
+        if self.mode == XENPMU_MODE_ALL && vcpu.id.domain == privileged {
+            for (index, cpu) in (0u32..).zip(pcpus.iter_mut()) {
+                if Self::profiler_of(platform, index) == Some(vcpu.id) {
+                    self.drop_system_context(platform, cpu, index)?;
+                }
+            }
+        }
+        // With its system-wide context dropped, a cached all-mode sample has nothing to
+        // restart: releasing it only unmasks and clears the page.
         if vcpu.state == VcpuState::Cached {
             self.release_cached(platform, pcpus, vcpu)?;
         }
@@ -133,17 +146,29 @@ impl<B: PmuBackend> Vpmu<B> {
             }
         });
         result?;
-        for (index, cpu) in pcpus.iter_mut().enumerate() {
-            if let Some(mut ctx) = cpu.system.take() {
-                if !cpu.system_cached {
-                    self.backend.save(&mut ctx, &mut cpu.hw)?;
-                }
+        for (index, cpu) in (0u32..).zip(pcpus.iter_mut()) {
+            self.drop_system_context(platform, cpu, index)?;
+        }
+        Ok(())
+    }
+
+    /// Stops and discards pCPU `index`'s system-wide context (leaving its hardware clean), and
+    /// releases its physical LVTPC if a sample of that context was cached.
+    fn drop_system_context<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        cpu: &mut PcpuPmu<B::Context, H>,
+        index: u32,
+    ) -> Result<(), MsrFault> {
+        if let Some(mut ctx) = cpu.system.take() {
+            if !cpu.system_cached {
+                self.backend.save(&mut ctx, &mut cpu.hw)?;
             }
-            cpu.system_cached = false;
-            if cpu.lvtpc_masked {
-                cpu.lvtpc_masked = false;
-                platform.set_physical_lvtpc_masked(index as u32, false);
-            }
+        }
+        cpu.system_cached = false;
+        if cpu.lvtpc_masked {
+            cpu.lvtpc_masked = false;
+            platform.set_physical_lvtpc_masked(index, false);
         }
         Ok(())
     }

@@ -1,0 +1,222 @@
+//! [`SimPlatform`]: the hypervisor services the core calls — domains, guest memory, page
+//! mappings, the virtual local APICs' LVTPC entries, the PMU VIRQ, the physical LVTPC masks,
+//! the interrupted register state and the diagnostics log.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use vpmu::abi::{Page, Regs, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_HYPERVISOR};
+use vpmu::{
+    AllowAll, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform,
+    RawEvent, VcpuId,
+};
+
+/// Guest frames each domain owns.
+pub const FRAMES_PER_DOMAIN: u64 = 4;
+
+/// Guest frame `index` of `domain` (valid for `index < FRAMES_PER_DOMAIN`). Frame numbers of
+/// different domains never coincide.
+pub fn guest_frame(domain: u32, index: u64) -> u64 {
+    0x10_000 * u64::from(domain + 1) + index
+}
+
+/// A per-domain event filter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimFilter {
+    /// Everything counts.
+    AllowAll,
+    /// The event select `select` does not count (KVM's filter semantics).
+    Deny(u16),
+}
+
+impl EventFilter for SimFilter {
+    fn allows(&self, event: RawEvent) -> bool {
+        match self {
+            SimFilter::AllowAll => true,
+            SimFilter::Deny(select) => event.select != *select,
+        }
+    }
+
+    fn allows_fixed(&self, _index: u32) -> bool {
+        true
+    }
+}
+
+static ALLOW_ALL: AllowAll = AllowAll;
+
+/// The simulated hypervisor's side of the core.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimPlatform {
+    /// The privileged domain.
+    pub privileged: u32,
+    /// vCPUs per domain (domain ids are indices).
+    pub vcpu_counts: Vec<u32>,
+    /// Event filter per domain.
+    pub filters: Vec<SimFilter>,
+    /// Guest memory: (domain, frame) → page.
+    pub memory: BTreeMap<(u32, u64), Box<Page>>,
+    /// Mapped shared pages: slot → (domain, frame).
+    pub mappings: BTreeMap<u64, (u32, u64)>,
+    /// Mappings the hypervisor has room for (`map_page` fails with `NoMemory` beyond).
+    pub mapping_limit: usize,
+    /// Each vCPU's virtual LVTPC mask bit (a local APIC resets it masked).
+    pub vlapic_masked: BTreeMap<VcpuId, bool>,
+    /// PMIs delivered through virtual LVTPCs and not yet taken by their guests.
+    pub lvtpc_deliveries: VecDeque<VcpuId>,
+    /// PMU VIRQs raised and not yet taken by their guests.
+    pub virqs: VecDeque<VcpuId>,
+    /// Physical LVTPC mask per pCPU.
+    pub physical_masked: Vec<bool>,
+    /// What each pCPU is running, set by the machine before every instruction.
+    pub interrupted: Vec<Interrupted>,
+    /// Diagnostics reported (the first [`SimPlatform::DIAGNOSTICS_KEPT`]; the rest are counted).
+    pub diagnostics: Vec<Diagnostic>,
+    /// Diagnostics reported in all.
+    pub diagnostics_total: u64,
+}
+
+impl SimPlatform {
+    /// Diagnostics kept verbatim: the platform rate-limits what a guest can trigger at will.
+    pub const DIAGNOSTICS_KEPT: usize = 64;
+
+    /// A platform with `pcpus` physical CPUs and domains `0..vcpu_counts.len()` (`privileged`
+    /// among them), each with [`FRAMES_PER_DOMAIN`] zeroed frames of RAM.
+    pub fn new(pcpus: u32, vcpu_counts: &[u32], privileged: u32) -> Self {
+        let mut memory = BTreeMap::new();
+        for domain in 0..vcpu_counts.len() as u32 {
+            for index in 0..FRAMES_PER_DOMAIN {
+                memory.insert(
+                    (domain, guest_frame(domain, index)),
+                    Box::new(Page::zeroed()),
+                );
+            }
+        }
+        let idle = Interrupted::Hypervisor {
+            regs: Regs {
+                mode: XENPMU_REGS_MODE_64 | XENPMU_REGS_MODE_HYPERVISOR,
+                ..Regs::default()
+            },
+            on_behalf_of: None,
+        };
+        Self {
+            privileged,
+            vcpu_counts: vcpu_counts.to_vec(),
+            filters: vec![SimFilter::AllowAll; vcpu_counts.len()],
+            memory,
+            mappings: BTreeMap::new(),
+            mapping_limit: usize::MAX,
+            vlapic_masked: BTreeMap::new(),
+            lvtpc_deliveries: VecDeque::new(),
+            virqs: VecDeque::new(),
+            physical_masked: vec![false; pcpus as usize],
+            interrupted: vec![idle; pcpus as usize],
+            diagnostics: Vec::new(),
+            diagnostics_total: 0,
+        }
+    }
+
+    /// The guest's view of its own frame.
+    pub fn frame(&self, domain: u32, gfn: u64) -> &Page {
+        self.memory
+            .get(&(domain, gfn))
+            .expect("a frame of the domain")
+    }
+
+    /// The guest writing its own frame.
+    pub fn frame_mut(&mut self, domain: u32, gfn: u64) -> &mut Page {
+        self.memory
+            .get_mut(&(domain, gfn))
+            .expect("a frame of the domain")
+    }
+
+    /// Whether `vcpu`'s virtual LVTPC is masked.
+    pub fn lvtpc_masked(&self, vcpu: VcpuId) -> bool {
+        self.vlapic_masked.get(&vcpu).copied().unwrap_or(true)
+    }
+
+    /// The guest writes its virtual LVTPC's mask bit.
+    pub fn set_lvtpc_masked(&mut self, vcpu: VcpuId, masked: bool) {
+        self.vlapic_masked.insert(vcpu, masked);
+    }
+
+    /// The state that must not change when an operation fails: everything but the log.
+    pub fn observable(&self) -> SimPlatform {
+        let mut copy = self.clone();
+        copy.diagnostics.clear();
+        copy.diagnostics_total = 0;
+        copy
+    }
+}
+
+impl Platform for SimPlatform {
+    fn privileged_domain(&self) -> u32 {
+        self.privileged
+    }
+
+    fn vcpu_count(&self, domain: u32) -> Option<u32> {
+        self.vcpu_counts.get(domain as usize).copied()
+    }
+
+    fn event_filter(&self, domain: u32) -> &dyn EventFilter {
+        match self.filters.get(domain as usize) {
+            Some(filter) => filter,
+            None => &ALLOW_ALL,
+        }
+    }
+
+    fn map_page(&mut self, domain: u32, gfn: u64) -> Result<PageSlot, MapError> {
+        if !self.memory.contains_key(&(domain, gfn)) {
+            return Err(MapError::InvalidFrame);
+        }
+        if self.mappings.len() >= self.mapping_limit {
+            return Err(MapError::NoMemory);
+        }
+        // The lowest free slot: mapping and unmapping again leaves no trace.
+        let slot = (0..)
+            .find(|s| !self.mappings.contains_key(s))
+            .expect("a free slot");
+        self.mappings.insert(slot, (domain, gfn));
+        Ok(PageSlot(slot))
+    }
+
+    fn unmap_page(&mut self, slot: PageSlot) {
+        self.mappings.remove(&slot.0);
+    }
+
+    fn with_page<R>(&mut self, slot: PageSlot, access: impl FnOnce(&mut Page) -> R) -> Option<R> {
+        let frame = *self.mappings.get(&slot.0)?;
+        let page = self.memory.get_mut(&frame)?;
+        Some(access(page))
+    }
+
+    fn deliver_lvtpc_pmi(&mut self, vcpu: VcpuId, mask_on_delivery: bool) -> LvtpcDelivery {
+        if self.lvtpc_masked(vcpu) {
+            return LvtpcDelivery::Masked;
+        }
+        self.lvtpc_deliveries.push_back(vcpu);
+        if mask_on_delivery {
+            self.set_lvtpc_masked(vcpu, true);
+        }
+        LvtpcDelivery::Delivered
+    }
+
+    fn raise_pmu_virq(&mut self, vcpu: VcpuId) {
+        self.virqs.push_back(vcpu);
+    }
+
+    fn set_physical_lvtpc_masked(&mut self, pcpu: u32, masked: bool) {
+        if let Some(slot) = self.physical_masked.get_mut(pcpu as usize) {
+            *slot = masked;
+        }
+    }
+
+    fn interrupted(&self, pcpu: u32) -> Interrupted {
+        self.interrupted[pcpu as usize]
+    }
+
+    fn diagnostic(&mut self, diagnostic: Diagnostic) {
+        self.diagnostics_total += 1;
+        if self.diagnostics.len() < Self::DIAGNOSTICS_KEPT {
+            self.diagnostics.push(diagnostic);
+        }
+    }
+}
