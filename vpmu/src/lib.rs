@@ -8,6 +8,7 @@
 //! * [`backend`]: the trait a vendor backend implements ([`PmuBackend`]), and the software PMU
 //!   model trait ([`SoftwarePmu`]).
 //! * [`platform`]: what the integrating hypervisor provides ([`Platform`]).
+//! * [`filter`]: per-domain allow/deny event lists with KVM's PMU-event-filter semantics.
 //! * [`Vpmu`]: the global state and the entry points: [`Vpmu::rdmsr`]/[`Vpmu::wrmsr`]
 //!   (intercepts), [`Vpmu::context_switch`], [`Vpmu::handle_pmi`], [`Vpmu::control_op`],
 //!   [`Vpmu::teardown_vcpu`]. Per-vCPU state is a [`VcpuPmu`], per-pCPU state a [`PcpuPmu`],
@@ -19,6 +20,7 @@
 
 pub mod backend;
 mod core;
+pub mod filter;
 mod intercept;
 pub mod msr;
 mod ops;
@@ -32,6 +34,7 @@ pub use backend::{
     AllowAll, ContextError, CounterSet, EventFilter, ExecMode, GuestPolicy, HwEvent, MsrOutcome,
     Overflow, PmuBackend, PmuCapabilities, RawEvent, SoftwarePmu, Vendor,
 };
+pub use filter::{EventList, EventMatch, FilterAction, ListFull};
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};
 pub use platform::{Diagnostic, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform, VcpuId};
 pub use pmi::PmiOutcome;
