@@ -1,0 +1,181 @@
+/* Runtime: console, IDT with #GP/NMI/PMI handlers, LAPIC enable, MSR helpers, reporting. */
+#include "rt.h"
+
+volatile u64 gp_faults;
+volatile u64 last_gp_rip;
+volatile u64 pmi_count;
+volatile u64 pmi_tsc;
+volatile u64 nmi_count;
+volatile u32 lvtpc_in_handler;
+volatile u64 virq_count;
+volatile u64 pmi_per_cpu[8];
+void (*volatile virq_hook)(void);
+int failures, passes;
+
+struct gate {
+    u16 off0, sel;
+    u8 ist, type;
+    u16 off1;
+    u32 off2, zero;
+} __attribute__((packed));
+
+static struct gate idt[256] __attribute__((aligned(16)));
+
+void *memset(void *d, int c, unsigned long n) {
+    u8 *p = d;
+    while (n--) *p++ = (u8)c;
+    return d;
+}
+
+void *memcpy(void *d, const void *s, unsigned long n) {
+    u8 *p = d;
+    const u8 *q = s;
+    while (n--) *p++ = *q++;
+    return d;
+}
+
+void putc(char c) { outb(PORT_CONSOLE, (u8)c); }
+void puts(const char *s) {
+    while (*s) putc(*s++);
+}
+void put_hex(u64 v) {
+    char b[19];
+    int i = 18;
+    b[i] = 0;
+    do {
+        b[--i] = "0123456789abcdef"[v & 15];
+        v >>= 4;
+    } while (v);
+    b[--i] = 'x';
+    b[--i] = '0';
+    puts(b + i);
+}
+void put_dec(u64 v) {
+    char b[21];
+    int i = 20;
+    b[i] = 0;
+    do {
+        b[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    puts(b + i);
+}
+
+__attribute__((interrupt)) static void gp_handler(struct iframe *f, u64 err) {
+    (void)err;
+    gp_faults++;
+    last_gp_rip = f->ip;
+    f->ip += 2; /* skip the faulting RDMSR/WRMSR */
+}
+
+__attribute__((interrupt)) static void pmi_handler(struct iframe *f) {
+    (void)f;
+    pmi_tsc = rdtsc();
+    pmi_count++;
+    pmi_per_cpu[(apic_read(0x20) >> 24) & 7]++;
+    lvtpc_in_handler = apic_read(LAPIC_LVTPC);
+    apic_write(LAPIC_EOI, 0);
+}
+
+__attribute__((interrupt)) static void virq_handler(struct iframe *f) {
+    (void)f;
+    virq_count++;
+    if (virq_hook) virq_hook();
+    apic_write(LAPIC_EOI, 0);
+}
+
+__attribute__((interrupt)) static void nmi_handler(struct iframe *f) {
+    (void)f;
+    nmi_count++;
+    lvtpc_in_handler = apic_read(LAPIC_LVTPC);
+}
+
+__attribute__((interrupt)) static void other_handler(struct iframe *f) {
+    puts("unexpected exception at ");
+    put_hex(f->ip);
+    puts("\n");
+    outl(PORT_EXIT, 0xdead);
+}
+
+static void set_gate(int vec, void *handler) {
+    u64 a = (u64)handler;
+    idt[vec].off0 = (u16)a;
+    idt[vec].sel = 0x8;
+    idt[vec].ist = 0;
+    idt[vec].type = 0x8e;
+    idt[vec].off1 = (u16)(a >> 16);
+    idt[vec].off2 = (u32)(a >> 32);
+    idt[vec].zero = 0;
+}
+
+void rt_init(void) {
+    struct {
+        u16 limit;
+        u64 base;
+    } __attribute__((packed)) idtr = {sizeof(idt) - 1, (u64)idt};
+    for (int i = 0; i < 32; i++) set_gate(i, other_handler);
+    set_gate(2, nmi_handler);
+    set_gate(13, gp_handler);
+    set_gate(PMI_VECTOR, pmi_handler);
+    set_gate(VIRQ_VECTOR, virq_handler);
+    __asm__ volatile("lidt %0" ::"m"(idtr));
+    apic_write(LAPIC_SVR, 0x1ff);
+    apic_write(LAPIC_LVTPC, PMI_VECTOR);
+    __asm__ volatile("sti");
+}
+
+int rdmsr_safe(u32 msr, u64 *val) {
+    u32 lo = 0, hi = 0;
+    u64 before = gp_faults;
+    __asm__ volatile("rdmsr" : "+a"(lo), "+d"(hi) : "c"(msr) : "memory");
+    *val = (u64)hi << 32 | lo;
+    return gp_faults != before;
+}
+
+int wrmsr_safe(u32 msr, u64 val) {
+    u64 before = gp_faults;
+    __asm__ volatile("wrmsr" ::"a"((u32)val), "d"((u32)(val >> 32)), "c"(msr) : "memory");
+    return gp_faults != before;
+}
+
+u64 rdmsr(u32 msr) {
+    u64 v;
+    if (rdmsr_safe(msr, &v)) {
+        puts("unexpected #GP on rdmsr ");
+        put_hex(msr);
+        puts("\n");
+    }
+    return v;
+}
+
+void wrmsr(u32 msr, u64 val) {
+    if (wrmsr_safe(msr, val)) {
+        puts("unexpected #GP on wrmsr ");
+        put_hex(msr);
+        puts("\n");
+    }
+}
+
+void report(const char *name, int ok) {
+    puts(ok ? "PASS " : "FAIL ");
+    puts(name);
+    puts("\n");
+    if (ok)
+        passes++;
+    else
+        failures++;
+}
+
+void report_val(const char *name, int ok, u64 got, u64 want) {
+    puts(ok ? "PASS " : "FAIL ");
+    puts(name);
+    puts(" (got ");
+    put_dec(got);
+    puts(", want ");
+    put_dec(want);
+    puts(")\n");
+    if (ok)
+        passes++;
+    else
+        failures++;
+}

@@ -1,0 +1,387 @@
+//! Vendor personalities: the backend, the software PMU model each pCPU gets, and the guest's
+//! CPUID built from the model (vendor string, Intel leaf 0xA or the AMD PMU leaves).
+//!
+//! Each personality runs under one event [`Source`], and what that source cannot count is
+//! advertised as unavailable. Intel: through the leaf 0xA EBX vector and the fixed counters
+//! present (precise: instructions and branches, fixed counter 0; timed: core and reference
+//! cycles, fixed counters 1 and 2 through the v5 bitmap; v2 keeps three contiguous fixed
+//! counters, of which only the ones of its source count). AMD has no availability vector,
+//! which is a limitation of the AMD personality: events its source cannot count are accepted
+//! and never count.
+
+use kvm_bindings::{CpuId, kvm_cpuid_entry2};
+use vpmu::{PmuBackend, SoftwarePmu};
+use vpmu_amd::{AmdBackend, AmdPmu, AmdPmuModel, PmuShape};
+use vpmu_intel::{IntelCaps, IntelPmu, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
+
+/// Where the software PMU's events come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The VMM single-steps CPL0 code while a counter is enabled and counts every retired
+    /// instruction and branch exactly.
+    Precise,
+    /// Core and reference cycles from the TSC while the vCPU runs (the `KVM_RUN` interval);
+    /// overflow delivered by kicking the vCPU at the predicted time.
+    Timed,
+}
+
+impl Source {
+    /// Label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Precise => "precise",
+            Source::Timed => "timed",
+        }
+    }
+}
+
+/// A vendor personality.
+pub trait Personality {
+    /// The core's backend.
+    type Backend: PmuBackend<Context: Send> + Send;
+    /// The software PMU model of a pCPU.
+    type Model: SoftwarePmu + Send + Clone;
+    /// The event source.
+    fn source(&self) -> Source;
+    /// Label for reports.
+    fn name(&self) -> String;
+    /// A fresh backend.
+    fn backend(&self) -> Self::Backend;
+    /// A fresh model.
+    fn model(&self) -> Self::Model;
+    /// Whether any counter of `model` is enabled (the VMM single-steps only then).
+    fn counting(&self, model: &Self::Model) -> bool;
+    /// Edits the host's supported CPUID into this personality's.
+    fn cpuid(&self, cpuid: &mut CpuId);
+}
+
+/// Sets (or adds) leaf `function`/`index`.
+fn set_leaf(cpuid: &mut CpuId, function: u32, index: u32, regs: [u32; 4]) {
+    let [eax, ebx, ecx, edx] = regs;
+    if let Some(e) = cpuid
+        .as_mut_slice()
+        .iter_mut()
+        .find(|e| e.function == function && e.index == index)
+    {
+        (e.eax, e.ebx, e.ecx, e.edx) = (eax, ebx, ecx, edx);
+        return;
+    }
+    let entry = kvm_cpuid_entry2 {
+        function,
+        index,
+        eax,
+        ebx,
+        ecx,
+        edx,
+        ..Default::default()
+    };
+    // A full table (KVM_MAX_CPUID_ENTRIES) would be a host oddity; the leaf then stays absent.
+    let _ = cpuid.push(entry);
+}
+
+fn edit_leaf(cpuid: &mut CpuId, function: u32, edit: impl FnOnce(&mut kvm_cpuid_entry2)) {
+    if let Some(e) = cpuid
+        .as_mut_slice()
+        .iter_mut()
+        .find(|e| e.function == function && e.index == 0)
+    {
+        edit(e);
+    }
+}
+
+fn vendor_words(vendor: &[u8; 12]) -> (u32, u32, u32) {
+    let w = |i: usize| u32::from_le_bytes([vendor[i], vendor[i + 1], vendor[i + 2], vendor[i + 3]]);
+    (w(0), w(4), w(8))
+}
+
+/// An Intel architectural PMU.
+#[derive(Clone, Copy, Debug)]
+pub struct Intel {
+    /// The event source.
+    pub source: Source,
+    /// The synthetic CPUID the backend enumerates and the guest sees.
+    pub cpuid: SyntheticCpuid,
+    /// IA32_PERF_CAPABILITIES.
+    pub perf_capabilities: Option<u64>,
+}
+
+/// Architectural events the precise source cannot count (leaf 0xA EBX: core cycles 0,
+/// reference cycles 2, LLC references 3, LLC misses 4, branch misses 6, topdown slots 7).
+pub const INTEL_UNAVAILABLE_PRECISE: u32 = 0b1101_1101;
+/// Architectural events the timed source cannot count: all but core (0) and reference (2)
+/// cycles.
+pub const INTEL_UNAVAILABLE_TIMED: u32 = 0b1111_1010;
+
+impl Intel {
+    /// Version 5: 8 GP counters, FW_WRITE; fixed counter 0 (precise) or 1 and 2 (timed).
+    pub fn v5(source: Source) -> Self {
+        let mut cpuid = match source {
+            Source::Precise => SyntheticCpuid::v5(8, 1, 0),
+            Source::Timed => SyntheticCpuid::v5(8, 0, 0b110),
+        };
+        cpuid.unavailable_events = match source {
+            Source::Precise => INTEL_UNAVAILABLE_PRECISE,
+            Source::Timed => INTEL_UNAVAILABLE_TIMED,
+        };
+        Self {
+            source,
+            cpuid,
+            perf_capabilities: Some(PERF_CAP_FW_WRITES),
+        }
+    }
+
+    /// Version 2: 4 GP counters, legacy writes only; fixed counter 0 (precise) or 0–2
+    /// (timed: v2 has no bitmap; fixed counter 0 never counts).
+    pub fn v2(source: Source) -> Self {
+        let mut cpuid = SyntheticCpuid::v2(4, if source == Source::Timed { 3 } else { 1 });
+        cpuid.unavailable_events = match source {
+            Source::Precise => INTEL_UNAVAILABLE_PRECISE,
+            Source::Timed => INTEL_UNAVAILABLE_TIMED,
+        } & 0x7f;
+        Self {
+            source,
+            cpuid,
+            perf_capabilities: None,
+        }
+    }
+
+    fn caps(&self) -> IntelCaps {
+        IntelCaps::from_cpuid_reader(self.cpuid, self.perf_capabilities).expect("valid shape")
+    }
+}
+
+impl Personality for Intel {
+    type Backend = IntelPmu;
+    type Model = IntelPmuModel;
+
+    fn source(&self) -> Source {
+        self.source
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "intel v{} {}GP+{}F{} {}",
+            self.cpuid.version,
+            self.cpuid.gp_counters,
+            self.caps().fixed_counters().count_ones(),
+            if self.perf_capabilities.is_some() {
+                " FW"
+            } else {
+                ""
+            },
+            self.source.name()
+        )
+    }
+
+    fn backend(&self) -> IntelPmu {
+        IntelPmu::new(self.caps()).expect("supported shape")
+    }
+
+    fn model(&self) -> IntelPmuModel {
+        IntelPmuModel::new(self.caps())
+    }
+
+    fn counting(&self, model: &IntelPmuModel) -> bool {
+        let r = model.registers();
+        let gp = r
+            .event_selects
+            .iter()
+            .enumerate()
+            .filter(|(_, sel)| **sel & (1 << 22) != 0)
+            .fold(0u64, |m, (i, _)| m | 1 << i);
+        let fixed = (0..4)
+            .filter(|i| (r.fixed_ctrl >> (4 * i)) & 3 != 0)
+            .fold(0u64, |m, i| m | 1 << (32 + i));
+        r.global_ctrl & (gp | fixed) != 0
+    }
+
+    fn cpuid(&self, cpuid: &mut CpuId) {
+        let (b, d, c) = vendor_words(b"GenuineIntel");
+        edit_leaf(cpuid, 0, |e| {
+            e.eax = e.eax.max(0xa);
+            (e.ebx, e.ecx, e.edx) = (b, c, d);
+        });
+        let pdcm = self.cpuid.leaf(1, 0).ecx & (1 << 15);
+        edit_leaf(cpuid, 1, |e| e.ecx = (e.ecx & !(1 << 15)) | pdcm);
+        let a = self.cpuid.leaf(0xa, 0);
+        set_leaf(cpuid, 0xa, 0, [a.eax, a.ebx, a.ecx, a.edx]);
+        // No AMD PMU leaves for an Intel guest.
+        edit_leaf(cpuid, 0x8000_0001, |e| e.ecx &= !(1 << 23));
+        set_leaf(cpuid, 0x8000_0022, 0, [0; 4]);
+    }
+}
+
+/// AMD: an enumerated core-PMU shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Amd {
+    /// The event source.
+    pub source: Source,
+    /// The shape the guest's CPUID describes.
+    pub shape: PmuShape,
+}
+
+impl Amd {
+    fn pmu(&self) -> AmdPmu {
+        AmdPmu::new(self.shape).expect("valid shape")
+    }
+}
+
+impl Personality for Amd {
+    type Backend = AmdBackend;
+    type Model = AmdPmuModel;
+
+    fn source(&self) -> Source {
+        self.source
+    }
+
+    fn name(&self) -> String {
+        let shape = match self.shape {
+            PmuShape::LegacyK7 => "k7 4".to_string(),
+            PmuShape::PerfCtrExtCore => "ext-core 6".to_string(),
+            PmuShape::PerfMonV2 { counters } => format!("perfmon-v2 {counters}"),
+        };
+        format!("amd {shape} {}", self.source.name())
+    }
+
+    fn backend(&self) -> AmdBackend {
+        AmdBackend::new(self.pmu()).expect("valid shape")
+    }
+
+    fn model(&self) -> AmdPmuModel {
+        AmdPmuModel::new(&self.pmu())
+    }
+
+    fn counting(&self, model: &AmdPmuModel) -> bool {
+        let r = model.registers();
+        let enabled = r.controls[..r.counters as usize]
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c & (1 << 22) != 0)
+            .fold(0u64, |m, (i, _)| m | 1 << i);
+        match self.shape {
+            PmuShape::PerfMonV2 { .. } => enabled & r.global_ctl != 0,
+            _ => enabled != 0,
+        }
+    }
+
+    fn cpuid(&self, cpuid: &mut CpuId) {
+        let (b, d, c) = vendor_words(b"AuthenticAMD");
+        edit_leaf(cpuid, 0, |e| (e.ebx, e.ecx, e.edx) = (b, c, d));
+        set_leaf(cpuid, 0xa, 0, [0; 4]);
+        let ext = !matches!(self.shape, PmuShape::LegacyK7);
+        edit_leaf(cpuid, 0x8000_0001, |e| {
+            e.ecx = (e.ecx & !(1 << 23)) | (u32::from(ext) << 23);
+        });
+        edit_leaf(cpuid, 0x8000_0000, |e| e.eax = e.eax.max(0x8000_0022));
+        let leaf = match self.shape {
+            PmuShape::PerfMonV2 { counters } => [1, u32::from(counters), 0, 0],
+            _ => [0; 4],
+        };
+        set_leaf(cpuid, 0x8000_0022, 0, leaf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vpmu::{Msr, MsrBus};
+
+    fn leaf(cpuid: &CpuId, function: u32) -> Option<kvm_cpuid_entry2> {
+        cpuid
+            .as_slice()
+            .iter()
+            .find(|e| e.function == function && e.index == 0)
+            .copied()
+    }
+
+    fn base() -> CpuId {
+        let entries = [0u32, 1, 0x8000_0000, 0x8000_0001].map(|function| kvm_cpuid_entry2 {
+            function,
+            eax: if function == 0 { 0xd } else { 0x8000_0021 },
+            ..Default::default()
+        });
+        CpuId::from_entries(&entries).expect("small table")
+    }
+
+    #[test]
+    fn intel_cpuid_carries_the_model_shape_and_availability() {
+        let mut c = base();
+        Intel::v5(Source::Precise).cpuid(&mut c);
+        let l0 = leaf(&c, 0).expect("leaf 0");
+        assert_eq!(&l0.ebx.to_le_bytes(), b"Genu");
+        assert_eq!(&l0.edx.to_le_bytes(), b"ineI");
+        assert_eq!(&l0.ecx.to_le_bytes(), b"ntel");
+        let a = leaf(&c, 0xa).expect("leaf 0xA");
+        assert_eq!(a.eax & 0xff, 5);
+        assert_eq!((a.eax >> 8) & 0xff, 8);
+        assert_eq!(a.ebx, INTEL_UNAVAILABLE_PRECISE);
+        assert_eq!(a.edx & 0x1f, 1);
+        assert_eq!(
+            leaf(&c, 1).expect("leaf 1").ecx & (1 << 15),
+            1 << 15,
+            "PDCM"
+        );
+
+        let mut t = base();
+        Intel::v5(Source::Timed).cpuid(&mut t);
+        let a = leaf(&t, 0xa).expect("leaf 0xA");
+        assert_eq!(a.ebx, INTEL_UNAVAILABLE_TIMED);
+        assert_eq!(
+            (a.ecx, a.edx & 0x1f),
+            (0b110, 0),
+            "fixed 1 and 2 through the bitmap"
+        );
+    }
+
+    #[test]
+    fn amd_cpuid_advertises_the_shape() {
+        let mut c = base();
+        Amd {
+            source: Source::Precise,
+            shape: PmuShape::PerfMonV2 { counters: 6 },
+        }
+        .cpuid(&mut c);
+        assert_eq!(&leaf(&c, 0).expect("leaf 0").ebx.to_le_bytes(), b"Auth");
+        assert_ne!(leaf(&c, 0x8000_0001).expect("ext").ecx & (1 << 23), 0);
+        assert_eq!(leaf(&c, 0x8000_0000).expect("max").eax, 0x8000_0022);
+        let v2 = leaf(&c, 0x8000_0022).expect("PerfMonV2 leaf");
+        assert_eq!((v2.eax & 1, v2.ebx & 0xf), (1, 6));
+
+        let mut k7 = base();
+        Amd {
+            source: Source::Precise,
+            shape: PmuShape::LegacyK7,
+        }
+        .cpuid(&mut k7);
+        assert_eq!(leaf(&k7, 0x8000_0001).expect("ext").ecx & (1 << 23), 0);
+        assert_eq!(leaf(&k7, 0x8000_0022).expect("zeroed").eax, 0);
+    }
+
+    #[test]
+    fn counting_follows_the_enables() {
+        let p = Intel::v2(Source::Precise);
+        let mut m = p.model();
+        assert!(
+            !p.counting(&m),
+            "RESET: GLOBAL_CTRL set but no selector enabled"
+        );
+        m.write(Msr(0x186), 0xc0 | 1 << 17 | 1 << 22)
+            .expect("selector");
+        assert!(p.counting(&m));
+        m.write(Msr(0x38f), 0).expect("global off");
+        assert!(!p.counting(&m));
+        m.write(Msr(0x38d), 0x1).expect("fixed 0 OS");
+        m.write(Msr(0x38f), 1 << 32).expect("fixed 0 global");
+        assert!(p.counting(&m));
+
+        let k7 = Amd {
+            source: Source::Precise,
+            shape: PmuShape::LegacyK7,
+        };
+        let mut m = k7.model();
+        assert!(!k7.counting(&m));
+        m.write(Msr(0xC001_0003), 0xc0 | 1 << 22)
+            .expect("K7 control 3");
+        assert!(k7.counting(&m));
+    }
+}

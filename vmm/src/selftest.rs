@@ -1,0 +1,245 @@
+//! `vpmu selftest`: runs every conformance case of `guest/pmu.c` in a fresh VM per case, for
+//! each chosen vendor personality, and prints a result table. `vpmu bench` measures the cost
+//! of an MSR exit handled by the vpmu against a null handler, in the same run.
+
+use std::time::Duration;
+
+use kvm_bindings::CpuId;
+use kvm_ioctls::Kvm;
+use vpmu_amd::PmuShape;
+
+use crate::guest;
+use crate::machine::{Machine, RunResult, indent};
+use crate::personality::{Amd, Intel, Personality, Source};
+
+/// Which personalities to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VendorChoice {
+    /// Intel only.
+    Intel,
+    /// AMD only.
+    Amd,
+    /// Both.
+    Both,
+}
+
+/// One case's result.
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    /// Personality label.
+    pub personality: String,
+    /// Case name.
+    pub case: String,
+    /// Checks passed.
+    pub passed: u32,
+    /// Checks failed (including "the run broke").
+    pub failed: u32,
+    /// The failing lines, or the error.
+    pub failures: Vec<String>,
+    /// Single steps taken.
+    pub steps: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+const CASE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn run_cases<P: Personality + Copy + Sync>(
+    kvm: &Kvm,
+    cpuid: &CpuId,
+    p: P,
+    verbose: bool,
+    out: &mut Vec<CaseResult>,
+) -> Result<(), String> {
+    // Precise: cases 0.. on one vCPU, cases SMP_BASE.. on SMP_VCPUS vCPUs (threads, one pCPU
+    // each). Timed: cases TIMED_BASE.. on one vCPU.
+    let groups: &[(u64, u32)] = match p.source() {
+        Source::Precise => &[(0, 1), (SMP_BASE, SMP_VCPUS)],
+        Source::Timed => &[(TIMED_BASE, 1)],
+    };
+    for &(base, vcpus) in groups {
+        for index in base.. {
+            let machine = Machine::new(kvm, p, cpuid, guest::PMU, index, vcpus)
+                .map_err(|e| format!("{}: VM setup failed: {e}", p.name()))?;
+            let results = machine.run(CASE_TIMEOUT);
+            let result = merge(&results);
+            if result.console.starts_with("NOCASE") {
+                break;
+            }
+            if verbose {
+                print!("{}", indent(&result.console, "  | "));
+            }
+            out.push(summarize(&p.name(), &result));
+        }
+    }
+    Ok(())
+}
+
+/// First SMP case number (`guest/pmu.c`).
+const SMP_BASE: u64 = 100;
+/// First timed-source case number (`guest/pmu.c`).
+const TIMED_BASE: u64 = 200;
+/// vCPUs of an SMP case.
+const SMP_VCPUS: u32 = 2;
+
+/// One result for a case: vCPU 0's status, every vCPU's console (vCPU 0 first), the first
+/// error of any vCPU, summed steps.
+fn merge(results: &[RunResult]) -> RunResult {
+    let mut merged = results.first().cloned().unwrap_or_default();
+    for (i, r) in results.iter().enumerate().skip(1) {
+        merged.console += &indent(&r.console, &format!("[vcpu{i}] "));
+        merged.steps += r.steps;
+        if merged.error.is_none() {
+            merged.error = r.error.clone();
+        }
+    }
+    merged
+}
+
+fn summarize(personality: &str, r: &RunResult) -> CaseResult {
+    let mut case = CaseResult {
+        personality: personality.to_string(),
+        case: String::from("?"),
+        passed: 0,
+        failed: 0,
+        failures: Vec::new(),
+        steps: r.steps,
+        elapsed: r.elapsed,
+    };
+    for line in r.console.lines() {
+        if let Some(name) = line.strip_prefix("CASE ") {
+            case.case = name.to_string();
+        } else if line.starts_with("PASS ") {
+            case.passed += 1;
+        } else if line.starts_with("FAIL ") || line.starts_with("unexpected") {
+            case.failed += 1;
+            case.failures.push(line.to_string());
+        }
+    }
+    if let Some(e) = &r.error {
+        case.failed += 1;
+        case.failures.push(format!("run error: {e}"));
+    } else if r.status != Some(case.failed) {
+        case.failed += 1;
+        case.failures.push(format!("exit status {:?}", r.status));
+    } else if case.passed == 0 && case.failed == 0 {
+        case.failed += 1;
+        case.failures.push("no checks ran".into());
+    }
+    case
+}
+
+/// Runs the suite; returns the results (an `Err` only if no VM could be made at all).
+pub fn selftest(kvm: &Kvm, vendor: VendorChoice, verbose: bool) -> Result<Vec<CaseResult>, String> {
+    let cpuid = crate::kvm::supported_cpuid(kvm).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for source in [Source::Precise, Source::Timed] {
+        if vendor != VendorChoice::Amd {
+            run_cases(kvm, &cpuid, Intel::v5(source), verbose, &mut out)?;
+            run_cases(kvm, &cpuid, Intel::v2(source), verbose, &mut out)?;
+        }
+        if vendor != VendorChoice::Intel {
+            for shape in [PmuShape::PerfMonV2 { counters: 6 }, PmuShape::LegacyK7] {
+                run_cases(kvm, &cpuid, Amd { source, shape }, verbose, &mut out)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The result table.
+pub fn table(results: &[CaseResult]) -> String {
+    let mut s = format!(
+        "{:<30} {:<26} {:>6} {:>6} {:>8} {:>8}  result\n",
+        "personality", "case", "pass", "fail", "steps", "ms"
+    );
+    for r in results {
+        s += &format!(
+            "{:<30} {:<26} {:>6} {:>6} {:>8} {:>8}  {}\n",
+            r.personality,
+            r.case,
+            r.passed,
+            r.failed,
+            r.steps,
+            r.elapsed.as_millis(),
+            if r.failed == 0 { "PASS" } else { "FAIL" }
+        );
+        for f in &r.failures {
+            s += &format!("    {f}\n");
+        }
+    }
+    let failed = results.iter().filter(|r| r.failed != 0).count();
+    s += &format!("{} passed, {} failed\n", results.len() - failed, failed);
+    s
+}
+
+/// `vpmu bench`: MSR exit cost, vpmu vs null handler, for each personality.
+pub fn bench(kvm: &Kvm, vendor: VendorChoice) -> Result<String, String> {
+    let cpuid = crate::kvm::supported_cpuid(kvm).map_err(|e| e.to_string())?;
+    let mut s = String::new();
+    if vendor != VendorChoice::Amd {
+        s += &bench_one(kvm, &cpuid, Intel::v5(Source::Precise))?;
+    }
+    if vendor != VendorChoice::Intel {
+        s += &bench_one(
+            kvm,
+            &cpuid,
+            Amd {
+                source: Source::Precise,
+                shape: PmuShape::PerfMonV2 { counters: 6 },
+            },
+        )?;
+    }
+    Ok(s)
+}
+
+fn bench_one<P: Personality + Copy + Sync>(
+    kvm: &Kvm,
+    cpuid: &CpuId,
+    p: P,
+) -> Result<String, String> {
+    let machine = Machine::new(kvm, p, cpuid, guest::BENCH, 0, 1).map_err(|e| e.to_string())?;
+    let tsc_mhz = machine.tsc_khz().map_or(1.0, |k| f64::from(k) / 1000.0);
+    let r = merge(&machine.run(Duration::from_secs(120)));
+    if let Some(e) = r.error {
+        return Err(e);
+    }
+    let mut vpmu = Vec::new();
+    let mut null = Vec::new();
+    let mut looped = Vec::new();
+    for line in r.console.lines() {
+        let mut w = line.split_whitespace();
+        if w.next() != Some("BENCH") {
+            continue;
+        }
+        let which = w.next();
+        let ticks: f64 = w.next().and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        match which {
+            Some("vpmu") => vpmu.push(ticks),
+            Some("null") => null.push(ticks),
+            Some("loop") => looped.push(ticks),
+            _ => {}
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let (tv, tn, tl) = (med(&mut vpmu), med(&mut null), med(&mut looped));
+    let [(nv, sv), (nn, sn)] = r.msr_exit_ns;
+    Ok(format!(
+        "{}: guest-measured RDMSR loop iteration (median of batches): vpmu {:.2} us, null {:.2} us, \
+         same loop without RDMSR {:.2} us (TSC {:.0} MHz); VMM handler time: vpmu {:.0} ns/exit \
+         ({} exits), null {:.0} ns/exit ({} exits); VMM user-space time per exit {:.0} ns\n",
+        p.name(),
+        tv / tsc_mhz,
+        tn / tsc_mhz,
+        tl / tsc_mhz,
+        tsc_mhz,
+        sv as f64 / nv.max(1) as f64,
+        nv,
+        sn as f64 / nn.max(1) as f64,
+        nn,
+        r.user_time.1 as f64 / r.user_time.0.max(1) as f64
+    ))
+}
