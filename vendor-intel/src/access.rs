@@ -67,6 +67,7 @@ impl IntelPmu {
             IntelMsr::PerfCapabilities => Some(self.caps.perf_capabilities() & PERF_CAP_FW_WRITES),
             IntelMsr::PebsEnable => Some(0),
             IntelMsr::DsArea => Some(ctx.ds_area),
+            IntelMsr::Unmodelled(_) => None,
         };
         Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
     }
@@ -142,7 +143,7 @@ impl IntelPmu {
                 }
                 Err(_) => Ok(GP),
             },
-            IntelMsr::GlobalStatus | IntelMsr::PerfCapabilities => Ok(GP),
+            IntelMsr::GlobalStatus | IntelMsr::PerfCapabilities | IntelMsr::Unmodelled(_) => Ok(GP),
             IntelMsr::PebsEnable => match rules.pebs_enable(value) {
                 Ok(_) => Ok(MsrOutcome::Handled(())),
                 Err(_) => Ok(GP),

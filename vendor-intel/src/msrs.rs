@@ -23,6 +23,10 @@ pub const IA32_PERF_GLOBAL_CTRL: u32 = 0x38f;
 pub const IA32_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
 /// IA32_PERF_GLOBAL_STATUS_SET (v4+).
 pub const IA32_PERF_GLOBAL_STATUS_SET: u32 = 0x391;
+/// IA32_PERF_GLOBAL_INUSE (v4+): not modelled, always #GP.
+pub const IA32_PERF_GLOBAL_INUSE: u32 = 0x392;
+/// IA32_PERF_METRICS (topdown metrics, PERF_CAPABILITIES bit 15): not modelled, always #GP.
+pub const IA32_PERF_METRICS: u32 = 0x329;
 /// IA32_PEBS_ENABLE.
 pub const IA32_PEBS_ENABLE: u32 = 0x3f1;
 /// IA32_A_PMC0: full-width general-purpose counter alias (with PERF_CAPABILITIES.FW_WRITE).
@@ -82,7 +86,8 @@ pub const MSR_RANGES: &[(u32, u32)] = &[
     (IA32_PERFEVTSEL0, IA32_PERFEVTSEL0 + 7),
     (IA32_FIXED_CTR0, IA32_FIXED_CTR0 + 3),
     (IA32_PERF_CAPABILITIES, IA32_PERF_CAPABILITIES),
-    (IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_STATUS_SET),
+    (IA32_PERF_METRICS, IA32_PERF_METRICS),
+    (IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_INUSE),
     (IA32_PEBS_ENABLE, IA32_PEBS_ENABLE),
     (IA32_A_PMC0, IA32_A_PMC0 + 7),
     (IA32_DS_AREA, IA32_DS_AREA),
@@ -127,6 +132,10 @@ pub enum IntelMsr {
     PebsEnable,
     /// IA32_DS_AREA.
     DsArea,
+    /// An architectural PMU register this backend does not model (IA32_PERF_METRICS,
+    /// IA32_PERF_GLOBAL_INUSE): owned so that it faults rather than being answered by someone
+    /// else, never present.
+    Unmodelled(u32),
 }
 
 impl IntelMsr {
@@ -161,6 +170,7 @@ impl IntelMsr {
             IA32_PERF_GLOBAL_STATUS_SET => IntelMsr::GlobalStatusSet,
             IA32_PEBS_ENABLE => IntelMsr::PebsEnable,
             IA32_DS_AREA => IntelMsr::DsArea,
+            IA32_PERF_METRICS | IA32_PERF_GLOBAL_INUSE => IntelMsr::Unmodelled(n),
             _ => return None,
         })
     }
@@ -187,6 +197,7 @@ impl IntelMsr {
             IntelMsr::GlobalStatusSet => Msr(IA32_PERF_GLOBAL_STATUS_SET),
             IntelMsr::PebsEnable => Msr(IA32_PEBS_ENABLE),
             IntelMsr::DsArea => Msr(IA32_DS_AREA),
+            IntelMsr::Unmodelled(n) => Msr(n),
         }
     }
 
@@ -208,6 +219,7 @@ impl IntelMsr {
             | IntelMsr::GlobalOvfCtrl
             | IntelMsr::PebsEnable
             | IntelMsr::DsArea => true,
+            IntelMsr::Unmodelled(_) => false,
         }
     }
 }

@@ -543,3 +543,26 @@ fn reset_global_ctrl_lets_v1_style_software_count() {
         assert_eq!(m.get(&mut vcpu, PMC0 + 1), 321, "loaded first: {is_loaded}");
     }
 }
+
+/// IA32_PERF_METRICS and IA32_PERF_GLOBAL_INUSE are architectural PMU registers the backend
+/// does not model: it owns them (so an integrator routes them here instead of letting its own
+/// MSR code answer) and they fault, on every shape.
+#[test]
+fn unmodelled_architectural_registers_are_owned_and_fault() {
+    for mut m in [Machine::v2(), Machine::v5()] {
+        let mut vcpu = m.vcpu();
+        for msr in [0x329, 0x392] {
+            assert!(m.pmu.owns(vpmu::Msr(msr)), "{msr:#x} owned");
+            assert_eq!(
+                m.rdmsr(&mut vcpu, msr),
+                MsrOutcome::GeneralProtection,
+                "rdmsr {msr:#x}"
+            );
+            assert_eq!(
+                m.wrmsr(&mut vcpu, msr, 0),
+                MsrOutcome::GeneralProtection,
+                "wrmsr {msr:#x}"
+            );
+        }
+    }
+}
