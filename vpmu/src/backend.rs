@@ -89,7 +89,7 @@ impl CounterSet {
 pub struct PmuCapabilities {
     /// The vendor.
     pub vendor: Vendor,
-    /// Intel: architectural performance-monitoring version (CPUID.0AH:EAX[7:0]).
+    /// Intel: architectural performance-monitoring version (CPUID.0AH:EAX bits 7:0).
     /// AMD: 1 without PerfMonV2, 2 with it.
     pub version: u8,
     /// Number of general-purpose counters.
