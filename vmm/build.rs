@@ -1,13 +1,21 @@
 //! Builds the guest programs in `guest/` (freestanding C, 64-bit, CPL0) into static ELF
 //! executables in `OUT_DIR`, which `src/guest.rs` embeds with `include_bytes!` and the VMM
 //! loads by their program headers. Nothing prebuilt is committed.
+//!
+//! `compat.elf` also holds a 32-bit consumer (`gcc -m32`, `compat32.c` with the ABI header
+//! `abi/include/xenpmu.h`), made flat and embedded at 0x200000. If `-m32` code cannot be
+//! built here (no gcc-multilib), `compat.elf` is left empty with a `cargo:warning`, and the
+//! selftest reports its case as SKIPPED.
 
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The guest programs: each is `<name>.c` + the runtime (`rt.c`, `start.S`).
-const PROGRAMS: &[&str] = &["pmu", "bench"];
+/// The guest programs: each is its C files + the runtime (`rt.c`, `start.S`).
+const PROGRAMS: &[(&str, &[&str])] = &[
+    ("pmu", &["pmu.c", "driver.c", "timed.c", "multi.c"]),
+    ("bench", &["bench.c"]),
+];
 
 const CFLAGS: &[&str] = &[
     "-m64",
@@ -33,6 +41,24 @@ fn run(cmd: &mut Command) {
     assert!(status.success(), "{cmd:?} failed with {status}");
 }
 
+/// Flags of the 32-bit consumer (compatibility mode, CPL0).
+const CFLAGS32: &[&str] = &[
+    "-m32",
+    "-ffreestanding",
+    "-nostdlib",
+    "-fno-pic",
+    "-fno-pie",
+    "-static",
+    "-mgeneral-regs-only",
+    "-O2",
+    "-fno-stack-protector",
+    "-fcf-protection=none",
+    "-fno-asynchronous-unwind-tables",
+    "-fno-builtin",
+    "-Wall",
+    "-Werror",
+];
+
 fn compile(src: &Path, obj: &Path) {
     run(Command::new("gcc")
         .args(CFLAGS)
@@ -42,21 +68,132 @@ fn compile(src: &Path, obj: &Path) {
         .arg(obj));
 }
 
+/// Runs `cmd`; an error message instead of a panic (for the optional 32-bit part).
+fn try_run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().next().unwrap_or("").to_string();
+        Err(format!("{cmd:?} failed with {}: {first}", out.status))
+    }
+}
+
+/// Builds the 32-bit consumer into a flat image (`compat32.bin`, linked at 0x200000).
+fn build_compat32(guest: &Path, abi_include: &Path, out: &Path) -> Result<PathBuf, String> {
+    let mut objs = Vec::new();
+    for src in ["start32.S", "compat32.c"] {
+        let obj = out.join(Path::new(src).with_extension("32.o"));
+        try_run(
+            Command::new("gcc")
+                .args(CFLAGS32)
+                .arg("-I")
+                .arg(abi_include)
+                .arg("-c")
+                .arg(guest.join(src))
+                .arg("-o")
+                .arg(&obj),
+        )?;
+        objs.push(obj);
+    }
+    let elf = out.join("compat32.elf");
+    try_run(
+        Command::new("ld")
+            .args(["-m", "elf_i386", "-static", "-nostdlib", "-T"])
+            .arg(guest.join("link32.ld"))
+            .arg("-o")
+            .arg(&elf)
+            .args(&objs),
+    )?;
+    let bin = out.join("compat32.bin");
+    try_run(
+        Command::new("objcopy")
+            .args(["-O", "binary"])
+            .arg(&elf)
+            .arg(&bin),
+    )?;
+    Ok(bin)
+}
+
+/// `compat.elf`: the 64-bit harness with the flat 32-bit consumer at 0x200000, or an empty
+/// file (with a warning) if the 32-bit consumer cannot be built.
+fn build_compat(guest: &Path, out: &Path, common: &[PathBuf]) {
+    let elf = out.join("compat.elf");
+    let abi_include = guest.join("../../abi/include");
+    for file in [
+        "compat.h",
+        "compat32.c",
+        "compat64.c",
+        "compat_window.S",
+        "start32.S",
+        "link32.ld",
+    ] {
+        println!("cargo:rerun-if-changed=guest/{file}");
+    }
+    println!("cargo:rerun-if-changed=../abi/include/xenpmu.h");
+    let bin = match build_compat32(guest, &abi_include, out) {
+        Ok(bin) => bin,
+        Err(e) => {
+            println!(
+                "cargo:warning=SKIPPED: the 32-bit compat consumer cannot be built (gcc -m32: {e}); \
+                 its selftest case will report SKIPPED (install gcc-multilib: scripts/setup.sh)"
+            );
+            std::fs::write(&elf, []).expect("write an empty compat.elf");
+            return;
+        }
+    };
+    let blob = out.join("compat_blob.S");
+    std::fs::write(
+        &blob,
+        format!(
+            "    .section .compat32, \"ax\"\n    .incbin \"{}\"\n",
+            bin.display()
+        ),
+    )
+    .expect("write compat_blob.S");
+    let mut objs = common.to_vec();
+    for src in [
+        guest.join("compat64.c"),
+        guest.join("compat_window.S"),
+        blob,
+    ] {
+        let obj = out.join(src.with_extension("o").file_name().expect("a file"));
+        compile(&src, &obj);
+        objs.push(obj);
+    }
+    run(Command::new("ld")
+        .args(["-static", "-nostdlib", "-T"])
+        .arg(guest.join("link.ld"))
+        .arg("--section-start=.compat32=0x200000")
+        .arg("-o")
+        .arg(&elf)
+        .args(&objs));
+}
+
 fn main() {
     let guest = Path::new(&env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).join("guest");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
-    for file in ["rt.c", "rt.h", "start.S", "link.ld"] {
+    for file in ["rt.c", "rt.h", "pmu.h", "start.S", "link.ld"] {
         println!("cargo:rerun-if-changed=guest/{file}");
     }
     let start = out.join("start.o");
     let rt = out.join("rt.o");
     compile(&guest.join("start.S"), &start);
     compile(&guest.join("rt.c"), &rt);
-    for name in PROGRAMS {
-        println!("cargo:rerun-if-changed=guest/{name}.c");
-        let obj = out.join(format!("{name}.o"));
+    for (name, sources) in PROGRAMS {
+        let objs: Vec<PathBuf> = sources
+            .iter()
+            .map(|src| {
+                println!("cargo:rerun-if-changed=guest/{src}");
+                let obj = out.join(Path::new(src).with_extension("o"));
+                compile(&guest.join(src), &obj);
+                obj
+            })
+            .collect();
         let elf = out.join(format!("{name}.elf"));
-        compile(&guest.join(format!("{name}.c")), &obj);
         run(Command::new("ld")
             .args(["-static", "-nostdlib", "-T"])
             .arg(guest.join("link.ld"))
@@ -64,6 +201,8 @@ fn main() {
             .arg(&elf)
             .arg(&start)
             .arg(&rt)
-            .arg(&obj));
+            .args(&objs));
     }
+    let driver = out.join("driver.o");
+    build_compat(&guest, &out, &[start, rt, driver]);
 }

@@ -6,116 +6,7 @@
  * Counting is the VMM's precise mode: it single-steps CPL0 code while a counter is enabled,
  * so a measured loop of known instructions counts exactly.
  */
-#include "rt.h"
-
-#define USR (1ul << 16)
-#define OS (1ul << 17)
-#define INT (1ul << 20)
-#define EN (1ul << 22)
-
-#define INTEL_PMC0 0xc1
-#define INTEL_EVTSEL0 0x186
-#define INTEL_PERF_CAPS 0x345
-#define INTEL_FIXED_CTR0 0x309
-#define INTEL_FIXED_CTR_CTRL 0x38d
-#define INTEL_GLOBAL_STATUS 0x38e
-#define INTEL_GLOBAL_CTRL 0x38f
-#define INTEL_GLOBAL_OVF_CTRL 0x390
-#define INTEL_A_PMC0 0x4c1
-#define AMD_K7_CTL0 0xc0010000u
-#define AMD_K7_CTR0 0xc0010004u
-#define AMD_CTL0 0xc0010200u
-#define AMD_GLOBAL_STATUS 0xc0000300u
-#define AMD_GLOBAL_CTL 0xc0000301u
-#define AMD_GLOBAL_STATUS_CLR 0xc0000302u
-
-static volatile int intel;
-static volatile u32 gp, fixed, width;
-static volatile int fw_write, amd_ext, amd_v2;
-
-static void detect(void) {
-    u32 a, b, c, d;
-    cpuid(0, 0, &a, &b, &c, &d);
-    intel = b == 0x756e6547; /* "Genu" */
-    if (intel) {
-        cpuid(0xa, 0, &a, &b, &c, &d);
-        gp = (a >> 8) & 0xff;
-        width = (a >> 16) & 0xff;
-        fixed = d & 0x1f;
-        cpuid(1, 0, &a, &b, &c, &d);
-        u64 caps = 0;
-        if (c & (1u << 15)) caps = rdmsr(INTEL_PERF_CAPS);
-        fw_write = (caps >> 13) & 1;
-    } else {
-        cpuid(0x80000001, 0, &a, &b, &c, &d);
-        amd_ext = (c >> 23) & 1;
-        cpuid(0x80000000, 0, &a, &b, &c, &d);
-        u32 max = a;
-        if (max >= 0x80000022) {
-            cpuid(0x80000022, 0, &a, &b, &c, &d);
-            amd_v2 = a & 1;
-            if (amd_v2) gp = b & 0xf;
-        }
-        if (!amd_v2) gp = amd_ext ? 6 : 4;
-        width = 48;
-    }
-    puts(intel ? "vendor intel" : "vendor amd");
-    puts(" gp=");
-    put_dec(gp);
-    puts(" fixed=");
-    put_dec(fixed);
-    puts(" width=");
-    put_dec(width);
-    puts(intel ? (fw_write ? " fw_write" : "") : (amd_v2 ? " perfmon_v2" : (amd_ext ? " ext_core" : " k7")));
-    puts("\n");
-}
-
-/* The guest "driver": MSRs of GP counter i. */
-static u32 ctl_msr(u32 i) { return intel ? INTEL_EVTSEL0 + i : (amd_ext || amd_v2) ? AMD_CTL0 + 2 * i : AMD_K7_CTL0 + i; }
-static u32 ctr_msr(u32 i) { return intel ? INTEL_PMC0 + i : (amd_ext || amd_v2) ? AMD_CTL0 + 2 * i + 1 : AMD_K7_CTR0 + i; }
-static u64 ev_instructions(void) { return 0xc0; }
-static u64 ev_branches(void) { return intel ? 0xc4 : 0xc2; }
-static int has_global(void) { return intel || amd_v2; }
-static u32 global_ctrl_msr(void) { return intel ? INTEL_GLOBAL_CTRL : AMD_GLOBAL_CTL; }
-static u32 global_status_msr(void) { return intel ? INTEL_GLOBAL_STATUS : AMD_GLOBAL_STATUS; }
-static u32 ack_msr(void) { return intel ? INTEL_GLOBAL_OVF_CTRL : AMD_GLOBAL_STATUS_CLR; }
-static u64 mask48(void) { return width >= 64 ? ~0ul : (1ul << width) - 1; }
-
-/*
- * The measured sequence: `wrmsr` (msr <- on) enables counting, then n iterations of
- * `dec; jnz`, then two `mov`s and `wrmsr` (msr <- off). Under the precise source an
- * instruction is counted with the counter state after it retires, so the enabling WRMSR
- * counts and the disabling one does not: instructions = 2n + 3, branches = n.
- */
-static void measured(u32 msr, u64 on, u64 off, u64 n) {
-    u32 lo = (u32)on, hi = (u32)(on >> 32);
-    __asm__ volatile(
-        "wrmsr\n\t"
-        "1: dec %%rbx\n\t"
-        "jnz 1b\n\t"
-        "mov %%esi, %%eax\n\t"
-        "mov %%edi, %%edx\n\t"
-        "wrmsr\n\t"
-        : "+b"(n), "+a"(lo), "+d"(hi)
-        : "c"(msr), "S"((u32)off), "D"((u32)(off >> 32))
-        : "memory", "cc");
-}
-
-/* Programs GP counter i with `sel` (EN included), runs the measured loop, returns the count. */
-static u64 count_gp(u32 i, u64 sel, u64 n) {
-    wrmsr(ctr_msr(i), 0);
-    if (has_global()) {
-        wrmsr(global_ctrl_msr(), 0);
-        wrmsr(ctl_msr(i), sel);
-        measured(global_ctrl_msr(), 1ul << i, 0, n);
-    } else {
-        measured(ctl_msr(i), sel, sel & ~EN, n);
-    }
-    wrmsr(ctl_msr(i), 0);
-    return rdmsr(ctr_msr(i));
-}
-
-#define N 1000
+#include "pmu.h"
 
 static void case_gp_counts_exactly(void) {
     for (u32 i = 0; i < gp; i++) {
@@ -366,11 +257,6 @@ static void case_fixed_counter(void) {
 }
 
 /* Control operations through the hypercall transport (docs/abi.md). */
-struct params {
-    u32 major, minor;
-    u64 val;
-    u32 vcpu, pad;
-};
 static u8 shared_page[4096] __attribute__((aligned(4096)));
 
 static void case_control_ops(void) {
@@ -577,11 +463,7 @@ static void case_rdpmc_not_virtualized(void) {
     report("RDPMC raises #GP (not virtualized; read counters with RDMSR)", gp_faults == before + 1);
 }
 
-typedef void (*case_fn)(void);
-static const struct {
-    const char *name;
-    case_fn fn;
-} cases[] = {
+static const struct case_entry cases[] = {
     {"gp_counts_exactly", case_gp_counts_exactly},
     {"disabled_does_not_count", case_disabled_does_not_count},
     {"os_usr_filtering", case_os_usr},
@@ -602,217 +484,26 @@ static const struct {
     {"rdpmc_not_virtualized", case_rdpmc_not_virtualized},
 };
 
-/*
- * Timed-source cases (numbers 200..): core/reference cycles from the TSC while the vCPU runs.
- * Cycles here are guest TSC ticks spent in KVM_RUN, so they track RDTSC minus the time the VMM
- * spent handling exits.
- */
-static u64 ev_cycles(void) { return intel ? 0x3c : 0x76; }
-
-static void spin(u64 iterations) {
-    __asm__ volatile("1: dec %0\n\tjnz 1b" : "+r"(iterations) : : "cc");
-}
-
-static void timed_cycles_track_tsc(void) {
-    wrmsr(ctr_msr(0), 0);
-    if (has_global()) wrmsr(global_ctrl_msr(), 0);
-    wrmsr(ctl_msr(0), ev_cycles() | OS | (has_global() ? EN : 0));
-    u64 t0 = rdtsc();
-    if (has_global())
-        wrmsr(global_ctrl_msr(), 1);
-    else
-        wrmsr(ctl_msr(0), ev_cycles() | OS | EN);
-    spin(20000);
-    if (has_global())
-        wrmsr(global_ctrl_msr(), 0);
-    else
-        wrmsr(ctl_msr(0), ev_cycles() | OS);
-    u64 t1 = rdtsc();
-    u64 c = rdmsr(ctr_msr(0));
-    wrmsr(ctl_msr(0), 0);
-    u64 dt = t1 - t0;
-    puts("  cycles ");
-    put_dec(c);
-    puts(" tsc delta ");
-    put_dec(dt);
-    puts("\n");
-    report("cycles counted while running", c > 0);
-    report("cycles <= TSC delta of the window", c <= dt);
-    report("cycles >= 50% of the TSC delta (the loop has no exits)", c >= dt / 2);
-    u64 ins = count_gp(1, ev_instructions() | OS | EN, N);
-    report_val("instructions do not count under the timed source", ins == 0, ins, 0);
-    if (intel) {
-        u32 a, b, cc, d;
-        cpuid(0xa, 0, &a, &b, &cc, &d);
-        report("leaf 0xA: cycles and ref cycles available, instructions not", (b & 0x7) == 0x2);
-    }
-}
-
-static void timed_overflow_pmi(void) {
-    const u64 period = 5000000; /* cycles = TSC ticks: about 2 ms */
-    apic_write(LAPIC_LVTPC, PMI_VECTOR);
-    u64 before = pmi_count;
-    u64 preset = (0 - period) & (intel && !fw_write ? 0xfffffffful : mask48());
-    u32 wmsr = intel && fw_write ? INTEL_A_PMC0 : ctr_msr(0);
-    if (intel && !fw_write && period > 0x7fffffff) {
-        report("period too large for legacy writes (skipped)", 1);
-        return;
-    }
-    if (has_global()) wrmsr(global_ctrl_msr(), 0);
-    wrmsr(wmsr, preset);
-    wrmsr(ctl_msr(0), ev_cycles() | OS | INT | (has_global() ? EN : 0));
-    u64 t0 = rdtsc();
-    if (has_global())
-        wrmsr(global_ctrl_msr(), 1);
-    else
-        wrmsr(ctl_msr(0), ev_cycles() | OS | INT | EN);
-    while (pmi_count == before && rdtsc() - t0 < 50 * period)
-        ;
-    /* Cycles only accrue while the vCPU is in KVM_RUN, a subset of the TSC's time. */
-    u64 late = pmi_count == before ? 50 * period : pmi_tsc - t0;
-    if (has_global())
-        wrmsr(global_ctrl_msr(), 0);
-    wrmsr(ctl_msr(0), 0);
-    puts("  PMI after ");
-    put_dec(late);
-    puts(" TSC ticks for a period of ");
-    put_dec(period);
-    puts("\n");
-    report_val("one PMI from the cycles counter", pmi_count - before == 1, pmi_count - before, 1);
-    report("PMI not before the period elapsed", late >= period);
-    /* Without the kick the PMI would only come at the next exit (none in this loop); the
-     * bound is loose because the latency grows with host load. */
-    report("PMI within 20 periods (kick latency)", late <= 20 * period);
-    if (has_global()) {
-        u64 st = rdmsr(global_status_msr());
-        report("overflow status bit 0 set", st & 1);
-        wrmsr(ack_msr(), 1);
-    }
-}
-
-static void timed_fixed_cycles(void) {
-    if (!intel) {
-        report("fixed counters: none on AMD (skipped)", 1);
-        return;
-    }
-    u32 a, b, c, d;
-    cpuid(0xa, 0, &a, &b, &c, &d);
-    int has1 = (c & 2) || (d & 0x1f) >= 2;
-    if (!has1) {
-        report("fixed counter 1 absent (skipped)", 1);
-        return;
-    }
-    wrmsr(INTEL_GLOBAL_CTRL, 0);
-    wrmsr(INTEL_FIXED_CTR0 + 1, 0);
-    wrmsr(INTEL_FIXED_CTR_CTRL, 0x1 << 4); /* fixed 1: OS */
-    wrmsr(INTEL_GLOBAL_CTRL, 1ul << 33);
-    spin(20000);
-    wrmsr(INTEL_GLOBAL_CTRL, 0);
-    wrmsr(INTEL_FIXED_CTR_CTRL, 0);
-    u64 v = rdmsr(INTEL_FIXED_CTR0 + 1);
-    report("fixed counter 1 (core cycles) counts", v > 0);
-}
-
-static const struct {
-    const char *name;
-    case_fn fn;
-} timed_cases[] = {
-    {"timed_cycles_track_tsc", timed_cycles_track_tsc},
-    {"timed_overflow_pmi", timed_overflow_pmi},
-    {"timed_fixed_cycles", timed_fixed_cycles},
-};
-
-/*
- * SMP cases (numbers 100..): every vCPU runs main(case, cpu) on its own VMM thread and pCPU
- * (its own software PMU model). vCPU 0 reports for everybody; the others return 0.
- */
-static volatile u32 arrived[2], finished[2];
-static volatile u64 smp_count[2], smp_other[2], smp_pmis[2];
-
-static void barrier(volatile u32 *flags, u32 cpu) {
-    flags[cpu] = 1;
-    while (!(flags[0] && flags[1]))
-        ;
-}
-
-static void smp_per_vcpu_counting(u32 cpu) {
-    u64 n = cpu ? 1500 : 1000;
-    barrier(arrived, cpu);
-    smp_count[cpu] = count_gp(0, ev_instructions() | OS | EN, n);
-    smp_other[cpu] = rdmsr(ctr_msr(1));
-    barrier(finished, cpu);
-    if (cpu) return;
-    report_val("vcpu0 counter 0 = 2*1000+3 while vcpu1 counts too", smp_count[0] == 2003, smp_count[0], 2003);
-    report_val("vcpu1 counter 0 = 2*1500+3 while vcpu0 counts too", smp_count[1] == 3003, smp_count[1], 3003);
-    report("counter 1 untouched on both vCPUs", smp_other[0] == 0 && smp_other[1] == 0);
-}
-
-static void smp_per_vcpu_pmi(u32 cpu) {
-    apic_write(LAPIC_LVTPC, PMI_VECTOR);
-    barrier(arrived, cpu);
-    u64 preset = (0 - (cpu ? 300ul : 100ul)) & (intel && !fw_write ? 0xfffffffful : mask48());
-    u32 wmsr = intel && fw_write ? INTEL_A_PMC0 : ctr_msr(0);
-    u64 sel = ev_instructions() | OS | EN | INT;
-    if (has_global()) {
-        wrmsr(global_ctrl_msr(), 0);
-        wrmsr(wmsr, preset);
-        wrmsr(ctl_msr(0), sel);
-        measured(global_ctrl_msr(), 1, 0, N);
-    } else {
-        wrmsr(wmsr, preset);
-        measured(ctl_msr(0), sel, 0, N);
-    }
-    wrmsr(ctl_msr(0), 0);
-    smp_pmis[cpu] = pmi_per_cpu[cpu];
-    barrier(finished, cpu);
-    if (cpu) return;
-    report_val("vcpu0 got exactly its own PMI", smp_pmis[0] == 1, smp_pmis[0], 1);
-    report_val("vcpu1 got exactly its own PMI", smp_pmis[1] == 1, smp_pmis[1], 1);
-}
-
-/* Both vCPUs count across a migration to the other pCPU (the VMM context-switches them). */
-static volatile u64 smp_newcpu[2];
-static void smp_migration(u32 cpu) {
-    u64 n = cpu ? 700 : 400;
-    wrmsr(ctr_msr(0), 0);
-    if (has_global()) {
-        wrmsr(global_ctrl_msr(), 0);
-        wrmsr(ctl_msr(0), ev_instructions() | OS | EN);
-        measured(global_ctrl_msr(), 1, 0, n);
-    } else {
-        measured(ctl_msr(0), ev_instructions() | OS | EN, ev_instructions() | OS, n);
-    }
-    smp_newcpu[cpu] = inl(PORT_MIGRATE);
-    if (has_global())
-        measured(global_ctrl_msr(), 1, 0, n);
-    else
-        measured(ctl_msr(0), ev_instructions() | OS | EN, ev_instructions() | OS, n);
-    wrmsr(ctl_msr(0), 0);
-    smp_count[cpu] = rdmsr(ctr_msr(0));
-    barrier(finished, cpu);
-    if (cpu) return;
-    report("vcpu0 moved to pcpu1 and vcpu1 to pcpu0", smp_newcpu[0] == 1 && smp_newcpu[1] == 0);
-    report_val("vcpu0 count survives the migration (2 x (2*400+3))", smp_count[0] == 2 * 803, smp_count[0], 2 * 803);
-    report_val("vcpu1 count survives the migration (2 x (2*700+3))", smp_count[1] == 2 * 1403, smp_count[1], 2 * 1403);
-}
-
-typedef void (*smp_fn)(u32 cpu);
-static const struct {
-    const char *name;
-    smp_fn fn;
-} smp_cases[] = {
-    {"smp_per_vcpu_counting", smp_per_vcpu_counting},
-    {"smp_per_vcpu_pmi", smp_per_vcpu_pmi},
-    {"smp_migration", smp_migration},
-};
-
 int main(u64 which, u64 cpu) {
     if (which == 999) /* the VMM's watchdog test: spin at CPL0 without exits */
         for (;;)
             __asm__ volatile("" ::: "memory");
-    if (which >= 200) {
+    if (which >= 300) {
+        /* Domain cases: `cpu` is the domain (each a one-vCPU VM, all on one pCPU). */
+        which -= 300;
+        if (which >= domain_case_count) {
+            if (cpu == 0) puts("NOCASE\n");
+            return 0xffff;
+        }
+        rt_init();
+        puts("CASE ");
+        puts(domain_cases[which].name);
+        puts("\n");
+        detect();
+        domain_cases[which].fn((u32)cpu);
+    } else if (which >= 200) {
         which -= 200;
-        if (which >= sizeof(timed_cases) / sizeof(timed_cases[0])) {
+        if (which >= timed_case_count) {
             puts("NOCASE\n");
             return 0xffff;
         }
@@ -824,7 +515,7 @@ int main(u64 which, u64 cpu) {
         timed_cases[which].fn();
     } else if (which >= 100) {
         which -= 100;
-        if (which >= sizeof(smp_cases) / sizeof(smp_cases[0])) {
+        if (which >= smp_case_count) {
             if (cpu == 0) puts("NOCASE\n");
             return 0xffff;
         }
@@ -862,3 +553,4 @@ int main(u64 which, u64 cpu) {
     puts(" failed\n");
     return failures;
 }
+

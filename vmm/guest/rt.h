@@ -13,6 +13,7 @@ typedef long i64;
 #define PORT_HYPERCALL 0x11
 #define PORT_CONTROL 0x12
 #define PORT_MIGRATE 0x13
+#define PORT_SLICES 0x14
 #define PMI_VECTOR 0x40
 #define VIRQ_VECTOR 0x41
 

@@ -6,6 +6,10 @@ use crate::kvm::GuestMem;
 /// The PMU conformance cases (`guest/pmu.c`): entry argument = case index.
 pub static PMU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pmu.elf"));
 
+/// The compat32 case (`guest/compat64.c` + the `-m32` consumer `guest/compat32.c` at
+/// 0x200000); empty if the 32-bit consumer could not be built (see `build.rs`).
+pub static COMPAT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat.elf"));
+
 /// The MSR-exit cost benchmark (`guest/bench.c`).
 pub static BENCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bench.elf"));
 
@@ -22,6 +26,9 @@ pub mod port {
     /// Migration (SMP cases): `inl` waits for every vCPU, moves each to the next pCPU, and
     /// returns the new pCPU index.
     pub const MIGRATE: u16 = 0x13;
+    /// Slices: `inl` returns how many times this vCPU has been scheduled in (on a shared pCPU,
+    /// one per time slice; 1 on its own thread).
+    pub const SLICES: u16 = 0x14;
 }
 
 const PT_LOAD: u32 = 1;
@@ -85,6 +92,11 @@ mod tests {
         let mem = GuestMem::new(4 << 20).expect("memory");
         for image in [PMU, BENCH] {
             assert_eq!(load_elf(image, &mem), Ok(0x10_0000));
+        }
+        if !COMPAT.is_empty() {
+            assert_eq!(load_elf(COMPAT, &mem), Ok(0x10_0000));
+            // The flat 32-bit consumer starts with `push %esi` (56).
+            assert_eq!(mem.slice_mut(0x20_0000, 1).expect("in RAM")[0], 0x56);
         }
         // _start begins with `call main` (e8).
         assert_eq!(mem.slice_mut(0x10_0000, 1).expect("in RAM")[0], 0xe8);

@@ -79,6 +79,13 @@ impl Kick {
         })
     }
 
+    /// Points the kick at `run`, the `kvm_run` page of another vCPU this same thread runs
+    /// (several vCPUs time-sliced on one thread). Every page aimed at must stay mapped until
+    /// this `Kick` is dropped; call it from the thread that made the `Kick`.
+    pub fn retarget(&self, run: *mut kvm_run) {
+        KVM_RUN.with(|c| c.set(run));
+    }
+
     /// Kick at `deadline` (None: cancel).
     pub fn arm(&self, deadline: Option<Instant>) {
         if let Some(tx) = &self.tx {

@@ -272,7 +272,7 @@ fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
 }
 
 /// Identity-maps the low 4 GiB with 2 MiB pages (RAM and the LAPIC page); GDT: null, 64-bit
-/// code (0x8), data (0x10).
+/// code (0x8), data (0x10), 32-bit code (0x18, for -m32 code in compatibility mode).
 fn setup_page_tables(mem: &GuestMem) {
     mem.write_u64(PML4, PDPT | 0x3);
     for i in 0..4u64 {
@@ -285,13 +285,14 @@ fn setup_page_tables(mem: &GuestMem) {
     mem.write_u64(GDT, 0);
     mem.write_u64(GDT + 8, 0x00af_9b00_0000_ffff);
     mem.write_u64(GDT + 16, 0x00cf_9300_0000_ffff);
+    mem.write_u64(GDT + 24, 0x00cf_9b00_0000_ffff);
 }
 
 /// Puts the vCPU in 64-bit mode at CPL0 through `set_sregs` (no real-mode trampoline).
 fn setup_long_mode(vcpu: &VcpuFd) -> io::Result<()> {
     let mut sregs = vcpu.get_sregs().map_err(io::Error::from)?;
     sregs.gdt.base = GDT;
-    sregs.gdt.limit = 23;
+    sregs.gdt.limit = 31;
     sregs.cs = segment(0x8, 0xb, true);
     let data = segment(0x10, 0x3, false);
     sregs.ds = data;

@@ -3,8 +3,9 @@
 //! * `vpmu selftest [--vendor intel|amd|both] [-v]`: the guest conformance suite, a result table.
 //! * `vpmu bench [--vendor ...]`: the cost of a PMU MSR exit handled by the vpmu vs a null handler.
 //!
-//! One VM per run with one vCPU, long-mode guests from `guest/` (built by `build.rs`), one
-//! software PMU model per pCPU driven by the vpmu core through `vpmu::Platform`.
+//! One VM per domain (one or several per run), long-mode guests from `guest/` (built by
+//! `build.rs`), one software PMU model per pCPU driven by the vpmu core through
+//! `vpmu::Platform`.
 
 mod guest;
 mod kick;

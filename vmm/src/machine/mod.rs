@@ -1,0 +1,329 @@
+//! One guest run: one VM per domain (`Layout`): either one domain with one or more vCPUs,
+//! each on its own host thread, which is also its pCPU with its own software PMU model; or
+//! several one-vCPU domains time-sliced on one thread = one pCPU. The vpmu core (`Vpmu`, the
+//! pCPU states and the vCPU table of all domains, behind one mutex) drives the models through
+//! `vpmu::Platform`.
+//!
+//! Exits:
+//! * RDMSR/WRMSR of a filtered PMU MSR → `Vpmu::rdmsr`/`wrmsr` (`GeneralProtection` or an MSR
+//!   of the other vendor → #GP through `exit.error`);
+//! * port I/O: console, exit status, the control-operation hypercall, benchmark control;
+//! * `Debug` (single-step): one retired instruction, decoded with iced-x86, fed to the model.
+//!
+//! Precise mode: while the pCPU's model has a counter enabled the vCPU is single-stepped, and
+//! each retired instruction is counted as `Instructions` (and `Branches` for any control
+//! transfer) in the mode of its CPL, with the counter state after it retired. Single-step works
+//! only at CPL0 on this host's KVM, so CPL3 code is never counted. After every exit, a raised
+//! PMI line goes through `Vpmu::handle_pmi`, which delivers through the guest's LVTPC (or the
+//! shared page and the VIRQ).
+//!
+//! Timed mode: the vCPU runs free; the time each `KVM_RUN` lasted, in TSC ticks (the guest TSC
+//! is the host's here), is fed as core and reference cycles in the mode of the CPL at the exit
+//! (an approximation: a run may span CPLs). Before each entry the VMM finds, on a copy of the
+//! model, after how many cycles a PMI would be raised, and arms a kick for that time.
+//!
+//! Modules: `platform` (the `vpmu::Platform` impl), `runner` (the vCPU thread's run loop and
+//! migrations), `sched` (several domains' vCPUs on one thread and pCPU), `exit` (copying exits
+//! out of `kvm_run`, MSR and hypercall handling), `precise` and `timed` (the two event
+//! sources).
+
+use std::fmt::Write as _;
+use std::io;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kvm_bindings::{CpuId, kvm_sync_regs};
+use kvm_ioctls::Kvm;
+use vpmu::abi::XENPMU_MODE_SELF;
+use vpmu::{PcpuPmu, PmuBackend, VcpuId, VcpuPmu, VcpuTable, Vpmu};
+
+use crate::kvm::{STACK_TOP, Vcpu, Vm};
+use crate::personality::Personality;
+
+use exit::MsrHandler;
+use platform::PlatformState;
+use runner::{Rendezvous, Runner};
+
+/// Runs `f` on the core and a platform view for `runner`'s vCPU.
+macro_rules! with_core {
+    ($runner:expr, |$platform:ident, $core:ident| $body:expr) => {{
+        let mut guard = $runner.core.lock().expect("vpmu core lock");
+        let $core = &mut *guard;
+        let mut $platform = KvmPlatform {
+            vm: $runner.vm,
+            vms: $runner.vms,
+            vcpu: &$runner.vcpu.fd,
+            me: $runner.me,
+            counts: $runner.counts,
+            pages: $runner.pages,
+            physical_masked: &mut $core.physical_masked,
+            state: &mut $runner.state,
+        };
+        $body
+    }};
+}
+
+mod exit;
+mod platform;
+mod precise;
+mod runner;
+mod sched;
+#[cfg(test)]
+mod tests;
+mod timed;
+
+/// The privileged domain (domain 0; a run has one VM per domain, numbered from 0).
+pub const PRIVILEGED_DOMAIN: u32 = 0;
+/// The vector of the PMU VIRQ (a sample is in the shared page).
+pub const VIRQ_VECTOR: u8 = 0x41;
+/// Stack per vCPU.
+const STACK_SIZE: u64 = 0x1_0000;
+
+/// What one vCPU's run produced.
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    /// The exit status the guest wrote (None: stopped by the VMM).
+    pub status: Option<u32>,
+    /// Console output.
+    pub console: String,
+    /// Single-step exits.
+    pub steps: u64,
+    /// MSR exits.
+    pub msr_exits: u64,
+    /// PMIs delivered through the LVTPC.
+    pub pmis: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Why the run failed, if it did.
+    pub error: Option<String>,
+    /// MSR exits and the handler time (ns) spent in them, by handler: `[vpmu, null]`.
+    pub msr_exit_ns: [(u64, u64); 2],
+    /// Exits and the total user-space time (ns) between `KVM_RUN`s.
+    pub user_time: (u64, u64),
+    /// Kicks (timed mode).
+    pub kicks: u64,
+}
+
+/// The vCPU table of every domain, in creation order (a handful of vCPUs: searched).
+struct Table<C>(Vec<VcpuPmu<C>>);
+
+impl<C> Table<C> {
+    fn vcpu(&self, id: VcpuId) -> Option<&VcpuPmu<C>> {
+        self.0.iter().find(|v| v.id() == id)
+    }
+
+    fn vcpu_mut(&mut self, id: VcpuId) -> Option<&mut VcpuPmu<C>> {
+        self.0.iter_mut().find(|v| v.id() == id)
+    }
+}
+
+impl<C> VcpuTable<C> for Table<C> {
+    fn get_mut(&mut self, id: VcpuId) -> Option<&mut VcpuPmu<C>> {
+        self.vcpu_mut(id)
+    }
+
+    fn for_each_in_domain(&mut self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
+        for v in self.0.iter_mut().filter(|v| v.id().domain == domain) {
+            visit(v);
+        }
+    }
+}
+
+type Ctx<P> = <<P as Personality>::Backend as PmuBackend>::Context;
+
+/// Everything the vpmu core works on, shared by the vCPU threads.
+struct Core<P: Personality> {
+    vpmu: Vpmu<P::Backend>,
+    pcpus: Vec<PcpuPmu<Ctx<P>, P::Model>>,
+    vcpus: Table<Ctx<P>>,
+    /// The physical LVTPC mask of each pCPU.
+    physical_masked: Vec<bool>,
+}
+
+/// How the vCPUs of a run map to domains, host threads and pCPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// One domain (the privileged one) with `n` vCPUs, each on its own host thread, which is
+    /// its own pCPU. vCPU `i` is entered with RSI = `i`.
+    ThreadPerVcpu(u32),
+    /// `n` domains (domain 0 privileged), one VM of one vCPU each, all time-sliced on ONE
+    /// host thread, which is one pCPU: `Vpmu::context_switch` at every switch. The vCPU of
+    /// domain `d` is entered with RSI = `d`.
+    SharedPcpu(u32),
+}
+
+/// The VMs of one run, ready to run a guest program under personality `P`.
+pub struct Machine<P: Personality> {
+    personality: P,
+    layout: Layout,
+    /// One VM per domain, by domain number.
+    vms: Vec<Vm>,
+    /// vCPUs per domain, by domain number.
+    counts: Vec<u32>,
+    vcpus: Vec<(VcpuId, Vcpu)>,
+    core: Mutex<Core<P>>,
+    pages: Mutex<Vec<(u32, u64)>>,
+}
+
+/// All PMU MSRs of both vendors: a PMU MSR of the other vendor must fault, not reach KVM.
+pub fn all_pmu_msr_ranges() -> Vec<(u32, u32)> {
+    vpmu_intel::msrs::MSR_RANGES
+        .iter()
+        .chain(vpmu_amd::msrs::MSR_RANGES)
+        .copied()
+        .collect()
+}
+
+impl<P: Personality> Machine<P> {
+    /// A VM with `vcpus` vCPUs running `image`, vCPU `i` entered with RDI = `arg`, RSI = `i`;
+    /// one pCPU (software PMU of `personality`) per vCPU; the vpmu in self mode.
+    pub fn new(
+        kvm: &Kvm,
+        personality: P,
+        base_cpuid: &CpuId,
+        image: &[u8],
+        arg: u64,
+        vcpus: u32,
+    ) -> io::Result<Self> {
+        Self::with_layout(
+            kvm,
+            personality,
+            base_cpuid,
+            image,
+            arg,
+            Layout::ThreadPerVcpu(vcpus),
+        )
+    }
+
+    /// The VMs of `layout`, each running `image` with RDI = `arg`; the vpmu in self mode.
+    pub fn with_layout(
+        kvm: &Kvm,
+        personality: P,
+        base_cpuid: &CpuId,
+        image: &[u8],
+        arg: u64,
+        layout: Layout,
+    ) -> io::Result<Self> {
+        let mut cpuid = base_cpuid.clone();
+        personality.cpuid(&mut cpuid);
+        let (domains, per_domain, pcpu_count) = match layout {
+            Layout::ThreadPerVcpu(n) => (1, n, n),
+            Layout::SharedPcpu(n) => (n, 1, 1),
+        };
+        let mut vms = Vec::new();
+        let mut vcpus = Vec::new();
+        for domain in 0..domains {
+            let (vm, entry) = Vm::new(kvm, &all_pmu_msr_ranges(), image)?;
+            for i in 0..per_domain {
+                let rsp = STACK_TOP - u64::from(i) * STACK_SIZE;
+                let rsi = match layout {
+                    Layout::ThreadPerVcpu(_) => i,
+                    Layout::SharedPcpu(_) => domain,
+                };
+                let fd = vm.create_vcpu(u64::from(i), &cpuid, entry, rsp, arg, u64::from(rsi))?;
+                vcpus.push((VcpuId { domain, vcpu: i }, fd));
+            }
+            vms.push(vm);
+        }
+        let vpmu = Vpmu::new(personality.backend(), XENPMU_MODE_SELF);
+        let pcpus = (0..pcpu_count)
+            .map(|_| vpmu.attach_pcpu(personality.model()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| io::Error::other(format!("attach_pcpu: {e:?}")))?;
+        let table = Table(vcpus.iter().map(|&(id, _)| vpmu.new_vcpu(id)).collect());
+        Ok(Self {
+            personality,
+            layout,
+            vms,
+            counts: vec![per_domain; domains as usize],
+            vcpus,
+            core: Mutex::new(Core {
+                vpmu,
+                pcpus,
+                vcpus: table,
+                physical_masked: vec![false; pcpu_count as usize],
+            }),
+            pages: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Runs every vCPU until each writes its exit status, `timeout` passes, or something
+    /// breaks: each on its own thread, or all on this thread (`Layout::SharedPcpu`). Results
+    /// in vCPU creation order (by vCPU index, or by domain).
+    pub fn run(self, timeout: Duration) -> Vec<RunResult>
+    where
+        P: Sync,
+        P::Model: Send,
+        P::Backend: Send,
+        Ctx<P>: Send,
+    {
+        let Machine {
+            personality,
+            layout,
+            vms,
+            counts,
+            vcpus,
+            core,
+            pages,
+        } = self;
+        let count = vcpus.len() as u32;
+        let tsc_khz = vcpus
+            .first()
+            .and_then(|(_, v)| v.fd.get_tsc_khz().ok())
+            .map_or(1_000_000, u64::from);
+        let barrier = Rendezvous::new(vcpus.len());
+        let shared = matches!(layout, Layout::SharedPcpu(_));
+        let runners = vcpus.into_iter().enumerate().map(|(i, (me, vcpu))| Runner {
+            personality: &personality,
+            vm: &vms[me.domain as usize],
+            vms: &vms,
+            counts: &counts,
+            core: &core,
+            pages: &pages,
+            vcpu,
+            me,
+            pcpu: if shared { 0 } else { i as u32 },
+            count,
+            barrier: &barrier,
+            state: PlatformState::default(),
+            sync: kvm_sync_regs::default(),
+            next_rip: 0,
+            handler: MsrHandler::Vpmu,
+            tsc_khz,
+            run_ns: 0,
+            fed_cycles: 0,
+            slices: 0,
+        });
+        if shared {
+            return sched::run_shared(runners.collect(), timeout);
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = runners
+                .map(|runner| s.spawn(move || runner.run(timeout)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| RunResult {
+                        error: Some("vCPU thread panicked".into()),
+                        ..RunResult::default()
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// The guest TSC frequency KVM reports.
+    pub fn tsc_khz(&self) -> Option<u32> {
+        self.vcpus.first()?.1.fd.get_tsc_khz().ok()
+    }
+}
+
+/// Formats the console output with a prefix per line (for verbose runs).
+pub fn indent(text: &str, prefix: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let _ = writeln!(out, "{prefix}{line}");
+    }
+    out
+}

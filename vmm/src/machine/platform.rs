@@ -1,0 +1,276 @@
+//! The `vpmu::Platform` of the VMM: the VM seen from one vCPU thread between runs (shared
+//! pages in guest RAM, PMI delivery through the guest's LVTPC, the PMU VIRQ as an MSI).
+
+use std::sync::Mutex;
+
+use kvm_bindings::{kvm_msi, kvm_sync_regs};
+use kvm_ioctls::VcpuFd;
+use vpmu::abi::{
+    Page, Regs, XENPMU_REGS_MODE_16, XENPMU_REGS_MODE_32, XENPMU_REGS_MODE_64,
+    XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER,
+};
+use vpmu::{
+    AllowAll, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform,
+    VcpuId,
+};
+use zerocopy::FromBytes;
+
+use super::{PRIVILEGED_DOMAIN, VIRQ_VECTOR};
+use crate::kvm::Vm;
+
+const LAPIC_ID: usize = 0x20;
+const LAPIC_SVR: usize = 0xF0;
+const LAPIC_LVTPC: usize = 0x340;
+const LVT_MASKED: u32 = 1 << 16;
+
+/// Per-vCPU platform state kept across exits.
+#[derive(Debug, Default)]
+pub(super) struct PlatformState {
+    /// The last guest registers (sync regs), for `Platform::interrupted`.
+    pub(super) regs: Regs,
+    /// An interrupt was injected (vector), so the next retired instruction is its handler's.
+    pub(super) injected: Option<u8>,
+    pub(super) diagnostics: u64,
+    pub(super) pmis: u64,
+}
+
+/// The `Platform` view of the host from one vCPU, built between runs.
+pub(super) struct KvmPlatform<'a> {
+    /// This vCPU's VM (its domain's).
+    pub(super) vm: &'a Vm,
+    /// Every domain's VM, by domain number.
+    pub(super) vms: &'a [Vm],
+    /// This thread's vCPU (the only one whose LAPIC it may touch between runs).
+    pub(super) vcpu: &'a VcpuFd,
+    pub(super) me: VcpuId,
+    /// vCPUs per domain, by domain number.
+    pub(super) counts: &'a [u32],
+    /// Mapped shared pages: (domain, frame number).
+    pub(super) pages: &'a Mutex<Vec<(u32, u64)>>,
+    /// The physical LVTPC mask of each pCPU (set by the core while a sample is cached).
+    pub(super) physical_masked: &'a mut [bool],
+    pub(super) state: &'a mut PlatformState,
+}
+
+/// A page slot names the domain and the frame: `domain << 32 | gfn`.
+fn slot_of(domain: u32, gfn: u64) -> PageSlot {
+    PageSlot(u64::from(domain) << 32 | gfn)
+}
+
+fn page_of(slot: PageSlot) -> (u32, u64) {
+    ((slot.0 >> 32) as u32, slot.0 & 0xffff_ffff)
+}
+
+impl Platform for KvmPlatform<'_> {
+    fn privileged_domain(&self) -> u32 {
+        PRIVILEGED_DOMAIN
+    }
+
+    fn vcpu_count(&self, domain: u32) -> Option<u32> {
+        self.counts.get(domain as usize).copied()
+    }
+
+    fn event_filter(&self, _domain: u32) -> &dyn EventFilter {
+        &AllowAll
+    }
+
+    fn map_page(&mut self, domain: u32, gfn: u64) -> Result<PageSlot, MapError> {
+        let in_ram = self.vms.get(domain as usize).is_some_and(|vm| {
+            gfn.checked_mul(4096)
+                .and_then(|gpa| vm.mem.slice_mut(gpa, 4096))
+                .is_some()
+        });
+        if !in_ram || gfn == 0 {
+            return Err(MapError::InvalidFrame);
+        }
+        let mut pages = self.pages.lock().map_err(|_| MapError::NoMemory)?;
+        pages.push((domain, gfn));
+        Ok(slot_of(domain, gfn))
+    }
+
+    fn unmap_page(&mut self, slot: PageSlot) {
+        if let Ok(mut pages) = self.pages.lock() {
+            if let Some(i) = pages.iter().position(|&p| p == page_of(slot)) {
+                pages.swap_remove(i);
+            }
+        }
+    }
+
+    fn with_page<R>(&mut self, slot: PageSlot, access: impl FnOnce(&mut Page) -> R) -> Option<R> {
+        let (domain, gfn) = page_of(slot);
+        if !self.pages.lock().ok()?.contains(&(domain, gfn)) {
+            return None;
+        }
+        let bytes = self
+            .vms
+            .get(domain as usize)?
+            .mem
+            .slice_mut(gfn * 4096, 4096)?;
+        let page = Page::mut_from_bytes(bytes).ok()?;
+        Some(access(page))
+    }
+
+    fn deliver_lvtpc_pmi(&mut self, vcpu: VcpuId, mask_on_delivery: bool) -> LvtpcDelivery {
+        // In self and hv mode the receiver is the vCPU this thread runs. Another vCPU's LAPIC
+        // (all mode) would need a cross-thread request: not implemented, reported as masked.
+        if vcpu != self.me {
+            return LvtpcDelivery::Masked;
+        }
+        let Ok(mut lapic) = self.vcpu.get_lapic() else {
+            return LvtpcDelivery::Masked;
+        };
+        let read = |l: &kvm_bindings::kvm_lapic_state, off: usize| {
+            u32::from_le_bytes(std::array::from_fn(|i| l.regs[off + i] as u8))
+        };
+        let lvtpc = read(&lapic, LAPIC_LVTPC);
+        let enabled = read(&lapic, LAPIC_SVR) & 0x100 != 0;
+        if lvtpc & LVT_MASKED != 0 || !enabled {
+            return LvtpcDelivery::Masked;
+        }
+        if mask_on_delivery {
+            let masked = (lvtpc | LVT_MASKED).to_le_bytes();
+            for (i, b) in masked.iter().enumerate() {
+                lapic.regs[LAPIC_LVTPC + i] = *b as std::os::raw::c_char;
+            }
+            // set_lapic before the interrupt is raised, so that the written image cannot
+            // overwrite the IRR bit.
+            if self.vcpu.set_lapic(&lapic).is_err() {
+                return LvtpcDelivery::Masked;
+            }
+        }
+        let apic_id = read(&lapic, LAPIC_ID) >> 24;
+        let vector = (lvtpc & 0xff) as u8;
+        let delivered = match (lvtpc >> 8) & 7 {
+            4 => {
+                self.state.injected = Some(2);
+                self.vcpu.nmi().is_ok()
+            }
+            _ => {
+                self.state.injected = Some(vector);
+                msi(self.vm, apic_id, vector)
+            }
+        };
+        if delivered {
+            self.state.pmis += 1;
+            LvtpcDelivery::Delivered
+        } else {
+            LvtpcDelivery::Masked
+        }
+    }
+
+    fn raise_pmu_virq(&mut self, vcpu: VcpuId) {
+        if vcpu == self.me {
+            self.state.injected = Some(VIRQ_VECTOR);
+        }
+        // KVM's LAPIC IDs are the vCPU indices (in the vCPU's domain's VM).
+        if let Some(vm) = self.vms.get(vcpu.domain as usize) {
+            msi(vm, vcpu.vcpu, VIRQ_VECTOR);
+        }
+    }
+
+    fn set_physical_lvtpc_masked(&mut self, pcpu: u32, masked: bool) {
+        if let Some(m) = self.physical_masked.get_mut(pcpu as usize) {
+            *m = masked;
+        }
+    }
+
+    fn interrupted(&self, _pcpu: u32) -> Interrupted {
+        Interrupted::Guest {
+            vcpu: self.me,
+            regs: self.state.regs,
+        }
+    }
+
+    fn diagnostic(&mut self, diagnostic: Diagnostic) {
+        // Rate limit: the first few per vCPU only.
+        self.state.diagnostics += 1;
+        if self.state.diagnostics <= 8 {
+            eprintln!("vpmu diagnostic: {diagnostic:?}");
+        }
+    }
+}
+
+/// Sends an MSI for `vector` to LAPIC `apic_id` of `vm`.
+fn msi(vm: &Vm, apic_id: u32, vector: u8) -> bool {
+    let msi = kvm_msi {
+        address_lo: 0xFEE0_0000 | apic_id << 12,
+        data: u32::from(vector),
+        ..Default::default()
+    };
+    matches!(vm.vm.signal_msi(msi), Ok(n) if n > 0)
+}
+
+/// The `XENPMU_REGS_MODE_*` code-size bit of the interrupted context: 64-bit (CS.L), 32-bit
+/// (compatibility or protected mode, CS.D), 16-bit, or real mode (CR0.PE clear).
+fn code_size(s: &kvm_sync_regs) -> u32 {
+    let cs = &s.sregs.cs;
+    if s.sregs.cr0 & 1 == 0 {
+        XENPMU_REGS_MODE_REAL
+    } else if cs.l != 0 && s.sregs.efer & (1 << 10) != 0 {
+        XENPMU_REGS_MODE_64
+    } else if cs.db != 0 {
+        XENPMU_REGS_MODE_32
+    } else {
+        XENPMU_REGS_MODE_16
+    }
+}
+
+/// The interrupted-context registers, from sync regs.
+pub(super) fn regs_of(s: &kvm_sync_regs) -> Regs {
+    let r = &s.regs;
+    let cpl = (s.sregs.cs.selector & 3) as u8;
+    Regs {
+        rax: r.rax,
+        rbx: r.rbx,
+        rcx: r.rcx,
+        rdx: r.rdx,
+        rsi: r.rsi,
+        rdi: r.rdi,
+        rbp: r.rbp,
+        rsp: r.rsp,
+        r8: r.r8,
+        r9: r.r9,
+        r10: r.r10,
+        r11: r.r11,
+        r12: r.r12,
+        r13: r.r13,
+        r14: r.r14,
+        r15: r.r15,
+        rip: r.rip,
+        rflags: r.rflags,
+        cs: s.sregs.cs.selector,
+        ss: s.sregs.ss.selector,
+        ds: s.sregs.ds.selector,
+        es: s.sregs.es.selector,
+        fs: s.sregs.fs.selector,
+        gs: s.sregs.gs.selector,
+        cpl,
+        mode: code_size(s) | if cpl == 3 { XENPMU_REGS_MODE_USER } else { 0 },
+        ..Regs::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_size_follows_cs_and_cr0() {
+        let mut s = kvm_sync_regs::default();
+        assert_eq!(code_size(&s), XENPMU_REGS_MODE_REAL);
+        s.sregs.cr0 = 0x8000_0011;
+        s.sregs.efer = 0x500;
+        s.sregs.cs.l = 1;
+        assert_eq!(code_size(&s), XENPMU_REGS_MODE_64);
+        // Compatibility mode: a 32-bit code segment under long mode.
+        s.sregs.cs.l = 0;
+        s.sregs.cs.db = 1;
+        assert_eq!(code_size(&s), XENPMU_REGS_MODE_32);
+        s.sregs.cs.db = 0;
+        assert_eq!(code_size(&s), XENPMU_REGS_MODE_16);
+        s.sregs.cs.selector = 0x1b;
+        let regs = regs_of(&s);
+        assert_eq!(regs.cpl, 3);
+        assert_eq!(regs.mode, XENPMU_REGS_MODE_16 | XENPMU_REGS_MODE_USER);
+    }
+}

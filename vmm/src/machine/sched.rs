@@ -1,0 +1,91 @@
+//! Several vCPUs, one per domain, time-sliced on ONE host thread, which is one pCPU (one
+//! software PMU model): round robin, a slice of `SLICE_EXITS` exits each, with
+//! `Vpmu::context_switch` at every switch (it saves the outgoing vCPU's counters from the
+//! model and loads the incoming one's). Each VM has its own vCPU fd and `kvm_run` page; the
+//! thread's kicker is pointed at the page of the vCPU it runs.
+
+use std::time::{Duration, Instant};
+
+use super::RunResult;
+use super::platform::KvmPlatform;
+use super::runner::Runner;
+use crate::kick::Kick;
+use crate::personality::Personality;
+
+/// Exits per time slice: small, so that the switches land inside the measured loops (a
+/// single-stepped instruction is one exit).
+pub(super) const SLICE_EXITS: u64 = 7;
+
+/// Runs `runners` (all on the same pCPU) alternately until each writes its exit status,
+/// fails, or `timeout` passes. Results in the order of `runners`.
+pub(super) fn run_shared<P: Personality>(
+    mut runners: Vec<Runner<'_, P>>,
+    timeout: Duration,
+) -> Vec<RunResult> {
+    let start = Instant::now();
+    let mut results = vec![RunResult::default(); runners.len()];
+    let mut done = vec![false; runners.len()];
+    let Some(first) = runners.first_mut() else {
+        return results;
+    };
+    // Declared after `runners`, so dropped before the vCPUs whose pages it points at.
+    let kick = match Kick::new(first.vcpu.fd.get_kvm_run()) {
+        Ok(kick) => kick,
+        Err(e) => {
+            for r in &mut results {
+                r.error = Some(e.clone());
+            }
+            return results;
+        }
+    };
+    while done.contains(&false) {
+        for (i, runner) in runners.iter_mut().enumerate() {
+            if done[i] {
+                continue;
+            }
+            kick.retarget(runner.vcpu.fd.get_kvm_run());
+            let (me, pcpu) = (runner.me, runner.pcpu);
+            let switched = with_core!(runner, |platform, core| core.vpmu.context_switch(
+                &mut platform,
+                &mut core.pcpus,
+                &mut core.vcpus,
+                pcpu,
+                Some(me)
+            ));
+            runner.slices += 1;
+            let slice = switched
+                .map_err(|e| format!("context_switch: {e:?}"))
+                .and_then(|()| {
+                    runner
+                        .run_loop(timeout, start, &mut results[i], &kick, Some(SLICE_EXITS))
+                        .map_err(|e| e.to_string())
+                });
+            match slice {
+                Ok(finished) => done[i] = finished,
+                Err(e) => {
+                    results[i].error = Some(e);
+                    done[i] = true;
+                }
+            }
+        }
+    }
+    // Take the last vCPU off the pCPU (saves its context).
+    if let Some(runner) = runners.first_mut() {
+        let pcpu = runner.pcpu;
+        let off = with_core!(runner, |platform, core| core.vpmu.context_switch(
+            &mut platform,
+            &mut core.pcpus,
+            &mut core.vcpus,
+            pcpu,
+            None
+        ));
+        if let (Err(e), Some(r)) = (off, results.first_mut()) {
+            r.error.get_or_insert(format!("context_switch: {e:?}"));
+        }
+    }
+    for (result, runner) in results.iter_mut().zip(&runners) {
+        result.elapsed = start.elapsed();
+        result.pmis = runner.state.pmis;
+    }
+    results
+}

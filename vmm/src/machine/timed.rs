@@ -1,0 +1,113 @@
+//! The timed event source: the duration of each `KVM_RUN`, in TSC ticks, fed as core and
+//! reference cycles; the overflow deadline is found by bisection on copies of the model.
+
+use std::time::Duration;
+
+use vpmu::{ExecMode, HwEvent, SoftwarePmu};
+
+use super::runner::Runner;
+use crate::personality::Personality;
+
+impl<P: Personality> Runner<'_, P> {
+    /// Timed mode: the vCPU ran for `ran`; feed the cycles (exact over time: the fractional
+    /// remainder carries over).
+    pub(super) fn feed_cycles(&mut self, ran: Duration) {
+        self.run_ns += ran.as_nanos();
+        let total = (self.run_ns * u128::from(self.tsc_khz) / 1_000_000) as u64;
+        let cycles = total - self.fed_cycles;
+        self.fed_cycles = total;
+        if cycles == 0 {
+            return;
+        }
+        let mode = self.mode();
+        let mut core = self.core.lock().expect("vpmu core lock");
+        let model = core.pcpus[self.pcpu()].hw_mut();
+        model.count(HwEvent::CoreCycles, cycles, mode);
+        model.count(HwEvent::RefCycles, cycles, mode);
+    }
+}
+
+/// After how many core/reference cycles in `mode` `model` raises its PMI line (None: never
+/// within 2^48 cycles), found by bisection on copies of the model.
+pub(super) fn cycles_until_pmi<M: SoftwarePmu + Clone>(model: &M, mode: ExecMode) -> Option<u64> {
+    let raises = |cycles: u64| {
+        let mut m = model.clone();
+        m.take_pmi();
+        m.count(HwEvent::CoreCycles, cycles, mode);
+        m.count(HwEvent::RefCycles, cycles, mode);
+        m.pmi_pending()
+    };
+    let (mut lo, mut hi) = (0u64, 1u64 << 48);
+    if !raises(hi) {
+        return None;
+    }
+    // Invariant: raises(hi) and !raises(lo) (0 cycles raise nothing new).
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if raises(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::personality::{Amd, Intel, Source};
+    use vpmu::{Msr, MsrBus};
+    use vpmu_amd::PmuShape;
+
+    const KERNEL: ExecMode = ExecMode {
+        cpl: 0,
+        host: false,
+    };
+
+    #[test]
+    pub(super) fn bisection_finds_the_exact_overflow_point() {
+        let p = Intel::v5(Source::Timed);
+        let mut m = p.model();
+        // GP0: core cycles (0x3c), OS, INT, EN; preset to -1000; globally enabled.
+        m.write(Msr(0x4c1), (1u64 << 48) - 1000).expect("counter");
+        m.write(Msr(0x186), 0x3c | 1 << 17 | 1 << 20 | 1 << 22)
+            .expect("selector");
+        m.write(Msr(0x38f), 1).expect("global");
+        // Wrapping is counter = 2^48: the 1000th cycle wraps it.
+        assert_eq!(cycles_until_pmi(&m, KERNEL), Some(1000));
+        m.count(HwEvent::CoreCycles, 999, KERNEL);
+        assert!(!m.pmi_pending());
+        m.count(HwEvent::CoreCycles, 1, KERNEL);
+        assert!(m.pmi_pending());
+    }
+
+    #[test]
+    pub(super) fn no_interrupt_bit_no_deadline() {
+        let p = Amd {
+            source: Source::Timed,
+            shape: PmuShape::PerfMonV2 { counters: 6 },
+        };
+        let mut m = p.model();
+        m.write(Msr(0xC001_0201), (1u64 << 48) - 10)
+            .expect("counter");
+        m.write(Msr(0xC001_0200), 0x76 | 1 << 17 | 1 << 22)
+            .expect("control without INT");
+        assert!(p.counting(&m));
+        assert_eq!(cycles_until_pmi(&m, KERNEL), None);
+        // User-only counting never sees kernel cycles.
+        m.write(Msr(0xC001_0200), 0x76 | 1 << 16 | 1 << 20 | 1 << 22)
+            .expect("USR + INT");
+        assert_eq!(cycles_until_pmi(&m, KERNEL), None);
+        assert!(
+            cycles_until_pmi(
+                &m,
+                ExecMode {
+                    cpl: 3,
+                    host: false
+                }
+            )
+            .is_some()
+        );
+    }
+}
