@@ -463,6 +463,70 @@ static void case_rdpmc_not_virtualized(void) {
     report("RDPMC raises #GP (not virtualized; read counters with RDMSR)", gp_faults == before + 1);
 }
 
+
+/*
+ * Writing a running counter (kvm-unit-tests check_running_counter_wrmsr): the counter keeps
+ * counting from the value written. The sequence is `wrmsr` (counter <- value) while it runs,
+ * n iterations of `dec; jnz`, three `mov`s and the stopping `wrmsr`: under the precise source the
+ * writing WRMSR is counted after it retires and the stopping one is not, so the counter ends at
+ * value + 2n + 4.
+ */
+static void write_running_then_loop(u32 ctr, u64 value, u32 stop_msr, u64 stop, u64 n) {
+    u32 lo = (u32)value, hi = (u32)(value >> 32);
+    register u64 stop_reg __asm__("r8") = stop_msr;
+    __asm__ volatile(
+        "wrmsr\n\t"
+        "1: dec %%rbx\n\t"
+        "jnz 1b\n\t"
+        "mov %%esi, %%eax\n\t"
+        "mov %%edi, %%edx\n\t"
+        "mov %%r8d, %%ecx\n\t"
+        "wrmsr\n\t"
+        : "+b"(n), "+a"(lo), "+d"(hi), "+c"(ctr)
+        : "S"((u32)stop), "D"((u32)(stop >> 32)), "r"(stop_reg)
+        : "memory", "cc");
+}
+
+static void run_and_write(u64 value, u64 n) {
+    u64 sel = ev_instructions() | OS | USR | EN;
+    wrmsr(ctr_msr(0), 0);
+    if (has_global()) {
+        wrmsr(global_ctrl_msr(), 0);
+        wrmsr(ctl_msr(0), sel);
+        wrmsr(global_ctrl_msr(), 1);
+    } else {
+        wrmsr(ctl_msr(0), sel);
+    }
+    /* Let it count something first, so that the write visibly replaces a running value. */
+    for (volatile int k = 0; k < 50; k++) {
+    }
+    u32 stop_msr = has_global() ? global_ctrl_msr() : ctl_msr(0);
+    write_running_then_loop(ctr_msr(0), value, stop_msr, has_global() ? 0 : sel & ~EN, n);
+    wrmsr(ctl_msr(0), 0);
+}
+
+static void case_running_counter_write(void) {
+    u64 n = N;
+    if (has_global()) {
+        wrmsr(ack_msr(), 1);
+    }
+    run_and_write(0, n);
+    u64 v = rdmsr(ctr_msr(0));
+    report_val("write 0 to a running counter: it counts on from 0 (2N+4)", v == 2 * n + 4, v, 2 * n + 4);
+
+    /* Written to -1 while running: the writing WRMSR itself wraps it, the status bit is set. */
+    run_and_write(mask48(), n);
+    v = rdmsr(ctr_msr(0));
+    report_val("write -1 to a running counter: wraps and counts on (2N+3)", v == 2 * n + 3, v, 2 * n + 3);
+    if (has_global()) {
+        u64 status = rdmsr(global_status_msr());
+        report_val("write -1 to a running counter: overflow status bit 0", (status & 1) == 1, status, 1);
+        wrmsr(ack_msr(), 1);
+        status = rdmsr(global_status_msr());
+        report_val("status bit cleared by the acknowledge", (status & 1) == 0, status, 0);
+    }
+}
+
 static const struct case_entry cases[] = {
     {"gp_counts_exactly", case_gp_counts_exactly},
     {"disabled_does_not_count", case_disabled_does_not_count},
@@ -482,6 +546,7 @@ static const struct case_entry cases[] = {
     {"reset_state", case_reset_state},
     {"global_status_set", case_status_set},
     {"rdpmc_not_virtualized", case_rdpmc_not_virtualized},
+    {"running_counter_write", case_running_counter_write},
 };
 
 int main(u64 which, u64 cpu) {
