@@ -273,3 +273,48 @@ fn self_hv_swap<V: SimVendor>(vendor: V) {
 fn self_hv_swaps_while_busy_leave_counters_running() {
     for_each_vendor!(self_hv_swap);
 }
+
+/// A threaded platform cannot touch another thread's local APIC, so it queues the LVTPC
+/// delivery and reports the outcome later: the PMI is in flight until then, and conservation
+/// counts it there.
+fn queued_lvtpc_delivery<V: SimVendor>(vendor: V) {
+    use vpmu::VcpuTable;
+    let mut m = Machine::new(vendor, 1, &[1, 1], XENPMU_MODE_SELF);
+    m.platform.queue_lvtpc = true;
+    m.schedule(0, Some(A));
+    m.program(A, &[sampling(0, 4)]);
+    let records = m.run(0, 4);
+    let queued = records
+        .iter()
+        .filter(|r| matches!(r.outcome, Some(PmiOutcome::Queued { to, .. }) if to == A))
+        .count();
+    assert_eq!((records.len(), queued), (1, 1), "one PMI, queued");
+    assert_eq!(m.platform.queued_lvtpc.len(), 1);
+    assert_eq!(m.vcpu(A).stats().pmis_in_flight, 1);
+    m.assert_conservation();
+
+    let vcpu = m.vcpus.get_mut(A).expect("vcpu");
+    assert!(
+        m.vpmu.lvtpc_delivery_done(vcpu, true),
+        "the queued delivery completes"
+    );
+    assert!(
+        !m.vpmu.lvtpc_delivery_done(vcpu, false),
+        "nothing else was in flight"
+    );
+    let stats = m.vcpu(A).stats();
+    assert_eq!(
+        (
+            stats.pmis_generated,
+            stats.pmis_delivered,
+            stats.pmis_dropped,
+            stats.pmis_in_flight
+        ),
+        (1, 1, 0, 0)
+    );
+}
+
+#[test]
+fn queued_lvtpc_deliveries_stay_in_flight_until_reported() {
+    for_each_vendor!(queued_lvtpc_delivery);
+}

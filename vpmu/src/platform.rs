@@ -57,6 +57,10 @@ pub enum LvtpcDelivery {
     Delivered,
     /// The guest's LVTPC is masked (or its local APIC disabled): nothing delivered.
     Masked,
+    /// The platform cannot touch that vCPU's local APIC from here (it runs on another thread)
+    /// and will deliver from the vCPU's own context, then report the outcome with
+    /// `Vpmu::lvtpc_delivery_done`. Until then the PMI counts as in flight.
+    Queued,
 }
 
 /// Guest-reachable diagnostics. The platform must rate-limit them (a guest can trigger them at

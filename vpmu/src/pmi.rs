@@ -34,6 +34,13 @@ pub enum PmiOutcome {
         /// What overflowed.
         overflow: Overflow,
     },
+    /// Routed to `to`, whose platform queued the LVTPC delivery (see `LvtpcDelivery::Queued`).
+    Queued {
+        /// The receiving vCPU.
+        to: VcpuId,
+        /// What overflowed.
+        overflow: Overflow,
+    },
     /// Routed to `to` but dropped (sample still cached, LVTPC masked, or no page).
     Dropped {
         /// The vCPU it was routed to.
@@ -126,10 +133,32 @@ impl<B: PmuBackend> Vpmu<B> {
         let delivered = if vcpu.page.is_some() {
             self.publish(platform, pcpus, vcpu, pcpu, &sample)?
         } else {
-            platform.deliver_lvtpc_pmi(to, self.backend.masks_lvtpc_on_pmi())
-                == LvtpcDelivery::Delivered
+            match platform.deliver_lvtpc_pmi(to, self.backend.masks_lvtpc_on_pmi()) {
+                LvtpcDelivery::Delivered => true,
+                LvtpcDelivery::Masked => false,
+                LvtpcDelivery::Queued => {
+                    vcpu.stats.pmis_in_flight += 1;
+                    return Ok(PmiOutcome::Queued { to, overflow });
+                }
+            }
         };
         Ok(self.account(vcpu, delivered, overflow))
+    }
+
+    /// The platform reports the outcome of an LVTPC delivery it queued: `delivered` if the PMI
+    /// reached the guest, `false` if its LVTPC turned out masked. Returns `false` (and changes
+    /// nothing) if no delivery was in flight for `vcpu`.
+    pub fn lvtpc_delivery_done(&self, vcpu: &mut VcpuPmu<B::Context>, delivered: bool) -> bool {
+        if vcpu.stats.pmis_in_flight == 0 {
+            return false;
+        }
+        vcpu.stats.pmis_in_flight -= 1;
+        if delivered {
+            vcpu.stats.pmis_delivered += 1;
+        } else {
+            vcpu.stats.pmis_dropped += 1;
+        }
+        true
     }
 
     fn account(

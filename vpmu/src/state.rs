@@ -33,6 +33,9 @@ pub struct VcpuStats {
     /// Of those, dropped (previous sample still cached, virtual LVTPC masked, or no page to
     /// receive a profiling sample).
     pub pmis_dropped: u64,
+    /// Of those, queued by the platform for delivery from the vCPU's own context and not yet
+    /// reported done: `pmis_generated == pmis_delivered + pmis_dropped + pmis_in_flight`.
+    pub pmis_in_flight: u64,
     /// Intercepted guest RDMSRs of PMU registers.
     pub msr_reads: u64,
     /// Intercepted guest WRMSRs of PMU registers.

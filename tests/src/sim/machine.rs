@@ -301,8 +301,8 @@ impl<V: SimVendor> Machine<V> {
             let stats = self.vcpu(id).stats();
             assert_eq!(
                 stats.pmis_generated,
-                stats.pmis_delivered + stats.pmis_dropped,
-                "{id:?}: PMIs generated = delivered + dropped"
+                stats.pmis_delivered + stats.pmis_dropped + stats.pmis_in_flight,
+                "{id:?}: PMIs generated = delivered + dropped + in flight"
             );
             let (mut delivered, mut dropped) = (0, 0);
             for record in &self.pmis {

@@ -72,6 +72,11 @@ pub struct SimPlatform {
     pub diagnostics: Vec<Diagnostic>,
     /// Diagnostics reported in all.
     pub diagnostics_total: u64,
+    /// Whether LVTPC deliveries are queued (as a threaded VMM must, for a vCPU on another
+    /// thread) instead of done at once.
+    pub queue_lvtpc: bool,
+    /// Queued LVTPC deliveries: the vCPU and whether to mask on delivery.
+    pub queued_lvtpc: VecDeque<(VcpuId, bool)>,
 }
 
 impl SimPlatform {
@@ -111,6 +116,8 @@ impl SimPlatform {
             interrupted: vec![idle; pcpus as usize],
             diagnostics: Vec::new(),
             diagnostics_total: 0,
+            queue_lvtpc: false,
+            queued_lvtpc: VecDeque::new(),
         }
     }
 
@@ -189,6 +196,10 @@ impl Platform for SimPlatform {
     }
 
     fn deliver_lvtpc_pmi(&mut self, vcpu: VcpuId, mask_on_delivery: bool) -> LvtpcDelivery {
+        if self.queue_lvtpc {
+            self.queued_lvtpc.push_back((vcpu, mask_on_delivery));
+            return LvtpcDelivery::Queued;
+        }
         if self.lvtpc_masked(vcpu) {
             return LvtpcDelivery::Masked;
         }
