@@ -11,9 +11,19 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The guest programs: each is its C files + the runtime (`rt.c`, `start.S`).
+/// The guest programs: each is its C files + the runtime (`rt.c`, `user.S`, `start.S`).
 const PROGRAMS: &[(&str, &[&str])] = &[
-    ("pmu", &["pmu.c", "driver.c", "timed.c", "multi.c"]),
+    (
+        "pmu",
+        &[
+            "pmu.c",
+            "driver.c",
+            "timed.c",
+            "timed_user.c",
+            "workload.S",
+            "multi.c",
+        ],
+    ),
     ("bench", &["bench.c"]),
 ];
 
@@ -176,13 +186,15 @@ fn build_compat(guest: &Path, out: &Path, common: &[PathBuf]) {
 fn main() {
     let guest = Path::new(&env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).join("guest");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
-    for file in ["rt.c", "rt.h", "pmu.h", "start.S", "link.ld"] {
+    for file in ["rt.c", "rt.h", "user.S", "pmu.h", "start.S", "link.ld"] {
         println!("cargo:rerun-if-changed=guest/{file}");
     }
     let start = out.join("start.o");
     let rt = out.join("rt.o");
+    let user = out.join("user.o");
     compile(&guest.join("start.S"), &start);
     compile(&guest.join("rt.c"), &rt);
+    compile(&guest.join("user.S"), &user);
     for (name, sources) in PROGRAMS {
         let objs: Vec<PathBuf> = sources
             .iter()
@@ -201,8 +213,9 @@ fn main() {
             .arg(&elf)
             .arg(&start)
             .arg(&rt)
+            .arg(&user)
             .args(&objs));
     }
     let driver = out.join("driver.o");
-    build_compat(&guest, &out, &[start, rt, driver]);
+    build_compat(&guest, &out, &[start, rt, user, driver]);
 }

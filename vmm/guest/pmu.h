@@ -62,7 +62,9 @@ struct cpu_case_entry {
     const char *name;
     cpu_case_fn fn;
 };
-/* timed.c: cases 200.. */
+/* timed.c: cases 200.. (timed_user.c: the CPL3 workload case) */
+u64 ev_cycles(void);
+void timed_user_workload(void);
 extern const struct case_entry timed_cases[];
 extern const u32 timed_case_count;
 /* multi.c: SMP cases 100.. (argument: the vCPU) and domain cases 300.. (the domain) */

@@ -10,6 +10,12 @@ volatile u32 lvtpc_in_handler;
 volatile u64 virq_count;
 volatile u64 pmi_per_cpu[8];
 void (*volatile virq_hook)(void);
+volatile u64 user_active[MAX_CPUS];
+static volatile u64 user_saved_rsp[MAX_CPUS];
+/* user.S */
+extern char user_return[], user_resume[];
+u64 user_enter(u64 (*fn)(u64), u64 arg, u64 user_rsp, volatile u64 *saved_rsp, u64 *tss_rsp0,
+               volatile u64 *active);
 int failures, passes;
 
 struct gate {
@@ -61,8 +67,21 @@ void put_dec(u64 v) {
     puts(b + i);
 }
 
+u32 cpu_id(void) { return (apic_read(0x20) >> 24) & (MAX_CPUS - 1); }
+
+static void fatal(const char *what, struct iframe *f) {
+    puts(what);
+    puts(" at ");
+    put_hex(f->ip);
+    puts(" cs ");
+    put_hex(f->cs);
+    puts("\n");
+    outl(PORT_EXIT, 0xdead);
+}
+
 __attribute__((interrupt)) static void gp_handler(struct iframe *f, u64 err) {
     (void)err;
+    if ((f->cs & 3) == 3) fatal("unexpected #GP at CPL3", f);
     gp_faults++;
     last_gp_rip = f->ip;
     f->ip += 2; /* skip the faulting RDMSR/WRMSR */
@@ -75,6 +94,27 @@ __attribute__((interrupt)) static void pmi_handler(struct iframe *f) {
     pmi_per_cpu[(apic_read(0x20) >> 24) & 7]++;
     lvtpc_in_handler = apic_read(LAPIC_LVTPC);
     apic_write(LAPIC_EOI, 0);
+}
+
+/* #UD: the return from user_call (user.S), or a fatal error. */
+__attribute__((interrupt)) static void ud_handler(struct iframe *f) {
+    u32 cpu = cpu_id();
+    if ((f->cs & 3) != 3 || f->ip != (u64)user_return || !user_active[cpu]) {
+        fatal("unexpected #UD", f);
+        return;
+    }
+    user_active[cpu] = 0;
+    f->ip = (u64)user_resume;
+    f->cs = 0x8;
+    f->ss = 0x10;
+    f->sp = user_saved_rsp[cpu];
+    f->flags = 0x202;
+}
+
+u64 user_call(u64 (*fn)(u64), u64 arg, void *stack_top) {
+    u32 cpu = cpu_id();
+    u64 *rsp0 = (u64 *)(TSS_BASE + TSS_STRIDE * cpu + 4);
+    return user_enter(fn, arg, (u64)stack_top & ~15ul, &user_saved_rsp[cpu], rsp0, &user_active[cpu]);
 }
 
 __attribute__((interrupt)) static void virq_handler(struct iframe *f) {
@@ -97,7 +137,7 @@ __attribute__((interrupt)) static void other_handler(struct iframe *f) {
     outl(PORT_EXIT, 0xdead);
 }
 
-static void set_gate(int vec, void *handler) {
+void set_gate(int vec, void *handler) {
     u64 a = (u64)handler;
     idt[vec].off0 = (u16)a;
     idt[vec].sel = 0x8;
@@ -115,6 +155,7 @@ void rt_init(void) {
     } __attribute__((packed)) idtr = {sizeof(idt) - 1, (u64)idt};
     for (int i = 0; i < 32; i++) set_gate(i, other_handler);
     set_gate(2, nmi_handler);
+    set_gate(6, ud_handler);
     set_gate(13, gp_handler);
     set_gate(PMI_VECTOR, pmi_handler);
     set_gate(VIRQ_VECTOR, virq_handler);

@@ -1,4 +1,5 @@
-/* Tiny freestanding runtime for the vpmu conformance guests (64-bit, CPL0). */
+/* Tiny freestanding runtime for the vpmu conformance guests (64-bit; CPL0 kernel, CPL3 code
+ * through user_call). */
 #ifndef RT_H
 #define RT_H
 
@@ -14,6 +15,7 @@ typedef long i64;
 #define PORT_CONTROL 0x12
 #define PORT_MIGRATE 0x13
 #define PORT_SLICES 0x14
+#define PORT_PMI_CONTEXT 0x15
 #define PMI_VECTOR 0x40
 #define VIRQ_VECTOR 0x41
 
@@ -28,6 +30,14 @@ struct iframe {
     u64 ip, cs, flags, sp, ss;
 };
 
+/* User mode (the VMM's GDT and TSSes, src/kvm.rs): user data 0x20 and 64-bit code 0x28 (DPL3),
+ * the 104-byte TSS of vCPU i (= its LAPIC ID) at TSS_BASE + i * TSS_STRIDE, RSP0 at offset 4. */
+#define USER_CS 0x2b
+#define USER_SS 0x23
+#define TSS_BASE 0x600UL
+#define TSS_STRIDE 0x80UL
+#define MAX_CPUS 8
+
 /* State shared with the interrupt handlers. */
 extern volatile u64 gp_faults;
 extern volatile u64 last_gp_rip;
@@ -40,6 +50,8 @@ extern volatile u64 virq_count;
 extern volatile u64 pmi_per_cpu[8];
 /* Called by the VIRQ handler (vector VIRQ_VECTOR), if set. */
 extern void (*volatile virq_hook)(void);
+/* Per CPU (LAPIC ID): 1 while user_call's function runs at CPL3 (cleared by the #UD return). */
+extern volatile u64 user_active[MAX_CPUS];
 
 static inline void outb(u16 port, u8 v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
 static inline void outl(u16 port, u32 v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
@@ -70,6 +82,14 @@ void puts(const char *s);
 void put_hex(u64 v);
 void put_dec(u64 v);
 void rt_init(void);
+/* Points IDT vector `vec` at an `__attribute__((interrupt))` handler (interrupt gate, DPL0). */
+void set_gate(int vec, void *handler);
+u32 cpu_id(void); /* this CPU's LAPIC ID */
+/* Runs fn(arg) at CPL3 (IF set) on the user stack that ends at stack_top (16-byte aligned) and
+ * returns its result. Interrupts and exceptions at CPL3 run on the caller's stack (TSS.RSP0);
+ * fn's return lands on a `ud2` that the #UD handler turns into the return to the caller (`int n`
+ * from CPL3 raises #UD on this host's KVM). Returns with IF set. No port I/O from fn. */
+u64 user_call(u64 (*fn)(u64), u64 arg, void *stack_top);
 void *memset(void *d, int c, unsigned long n);
 void *memcpy(void *d, const void *s, unsigned long n);
 

@@ -6,7 +6,7 @@
  * Cycles here are guest TSC ticks spent in KVM_RUN, so they track RDTSC minus the time the VMM
  * spent handling exits.
  */
-static u64 ev_cycles(void) { return intel ? 0x3c : 0x76; }
+u64 ev_cycles(void) { return intel ? 0x3c : 0x76; }
 
 static void spin(u64 iterations) {
     __asm__ volatile("1: dec %0\n\tjnz 1b" : "+r"(iterations) : : "cc");
@@ -116,6 +116,7 @@ const struct case_entry timed_cases[] = {
     {"timed_cycles_track_tsc", timed_cycles_track_tsc},
     {"timed_overflow_pmi", timed_overflow_pmi},
     {"timed_fixed_cycles", timed_fixed_cycles},
+    {"timed_user_workload", timed_user_workload},
 };
 
 const u32 timed_case_count = sizeof(timed_cases) / sizeof(timed_cases[0]);

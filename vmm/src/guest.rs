@@ -29,6 +29,10 @@ pub mod port {
     /// Slices: `inl` returns how many times this vCPU has been scheduled in (on a shared pCPU,
     /// one per time slice; 1 on its own thread).
     pub const SLICES: u16 = 0x14;
+    /// PMI context: `inl` returns the interrupted context the VMM recorded for the last PMI
+    /// it delivered to this vCPU (`Platform::interrupted`, from sync regs): RIP bits 0..29 |
+    /// CPL << 30; `u32::MAX` before any.
+    pub const PMI_CONTEXT: u16 = 0x15;
 }
 
 const PT_LOAD: u32 = 1;

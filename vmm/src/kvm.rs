@@ -21,6 +21,19 @@ const PML4: u64 = 0x1000;
 const PDPT: u64 = 0x2000;
 const PD: u64 = 0x3000;
 const GDT: u64 = 0x500;
+/// GDT entries before the TSS descriptors (null, kernel code 64, kernel data, code 32, user
+/// data, user code 64).
+const GDT_SEGMENTS: u64 = 6;
+/// The 64-bit TSS of vCPU `i` is at `TSS_BASE + i * TSS_STRIDE` (`guest/rt.h` knows this);
+/// its 16-byte descriptor is GDT entry `GDT_SEGMENTS + 2 * i` (selector 0x30 + 16 * i).
+pub const TSS_BASE: u64 = 0x600;
+const TSS_STRIDE: u64 = 0x80;
+/// vCPUs per VM that get a TSS (the others run without a task register: no CPL3).
+pub const TSS_VCPUS: u64 = 8;
+/// TSS limit: 104 bytes, no I/O permission bitmap (IOPB offset = limit + 1).
+const TSS_LIMIT: u32 = 0x67;
+/// Default TSS.RSP0 below the vCPU's initial stack (the guest's `user_call` replaces it).
+const RSP0_BELOW_STACK: u64 = 0x8000;
 
 /// `KVM_CAP_PMU_CAPABILITY` and `KVM_PMU_CAP_DISABLE` (not wrapped by kvm-ioctls 0.25).
 const KVM_CAP_PMU_CAPABILITY: u32 = 212;
@@ -209,7 +222,12 @@ impl Vm {
     ) -> io::Result<Vcpu> {
         let mut fd = self.vm.create_vcpu(id).map_err(io::Error::from)?;
         fd.set_cpuid2(cpuid).map_err(io::Error::from)?;
-        setup_long_mode(&fd)?;
+        setup_long_mode(&fd, id)?;
+        if id < TSS_VCPUS {
+            // TSS.RSP0 (offset 4), until the guest sets its own.
+            self.mem
+                .write_u64(TSS_BASE + id * TSS_STRIDE + 4, rsp - RSP0_BELOW_STACK);
+        }
         let mut regs = fd.get_regs().map_err(io::Error::from)?;
         regs.rip = rip;
         regs.rsp = rsp;
@@ -271,28 +289,54 @@ fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
     }
 }
 
-/// Identity-maps the low 4 GiB with 2 MiB pages (RAM and the LAPIC page); GDT: null, 64-bit
-/// code (0x8), data (0x10), 32-bit code (0x18, for -m32 code in compatibility mode).
+/// Identity-maps the low 4 GiB with 2 MiB pages (RAM and the LAPIC page), every page with U/S
+/// set: the guests are test harnesses, not protection domains, and their CPL3 workloads call
+/// code and touch data (`.text`, `.rodata`, `.bss`, stacks) spread over the one image, so the
+/// whole map is user-accessible (CR4.SMEP/SMAP stay clear: CPL0 may still use every page).
+/// GDT: null, 64-bit code (0x8), data (0x10), 32-bit code (0x18, for -m32 code in
+/// compatibility mode), user data (0x20, DPL3: SS = 0x23), user 64-bit code (0x28, DPL3:
+/// CS = 0x2b), then one 64-bit TSS descriptor per vCPU (0x30 + 16 * i, see `TSS_BASE`).
 fn setup_page_tables(mem: &GuestMem) {
-    mem.write_u64(PML4, PDPT | 0x3);
+    const USER: u64 = 0x4;
+    mem.write_u64(PML4, PDPT | 0x3 | USER);
     for i in 0..4u64 {
-        mem.write_u64(PDPT + 8 * i, (PD + 0x1000 * i) | 0x3);
+        mem.write_u64(PDPT + 8 * i, (PD + 0x1000 * i) | 0x3 | USER);
         for j in 0..512u64 {
             let addr = (i << 30) | (j << 21);
-            mem.write_u64(PD + 0x1000 * i + 8 * j, addr | 0x83);
+            mem.write_u64(PD + 0x1000 * i + 8 * j, addr | 0x83 | USER);
         }
     }
     mem.write_u64(GDT, 0);
     mem.write_u64(GDT + 8, 0x00af_9b00_0000_ffff);
     mem.write_u64(GDT + 16, 0x00cf_9300_0000_ffff);
     mem.write_u64(GDT + 24, 0x00cf_9b00_0000_ffff);
+    mem.write_u64(GDT + 32, 0x00cf_f300_0000_ffff);
+    mem.write_u64(GDT + 40, 0x00af_fb00_0000_ffff);
+    for i in 0..TSS_VCPUS {
+        let [low, high] = tss_descriptor(TSS_BASE + i * TSS_STRIDE);
+        let entry = GDT + 8 * (GDT_SEGMENTS + 2 * i);
+        mem.write_u64(entry, low);
+        mem.write_u64(entry + 8, high);
+    }
 }
 
-/// Puts the vCPU in 64-bit mode at CPL0 through `set_sregs` (no real-mode trampoline).
-fn setup_long_mode(vcpu: &VcpuFd) -> io::Result<()> {
+/// The 16-byte descriptor of an available 64-bit TSS at `base` (limit `TSS_LIMIT`, DPL0).
+fn tss_descriptor(base: u64) -> [u64; 2] {
+    let limit = u64::from(TSS_LIMIT);
+    let low = (limit & 0xffff)
+        | (base & 0xff_ffff) << 16
+        | 0x89 << 40 // present, type 9 (available 64-bit TSS)
+        | (limit >> 16 & 0xf) << 48
+        | (base >> 24 & 0xff) << 56;
+    [low, base >> 32]
+}
+
+/// Puts vCPU `id` in 64-bit mode at CPL0 through `set_sregs` (no real-mode trampoline), with
+/// its task register on its TSS (if it has one).
+fn setup_long_mode(vcpu: &VcpuFd, id: u64) -> io::Result<()> {
     let mut sregs = vcpu.get_sregs().map_err(io::Error::from)?;
     sregs.gdt.base = GDT;
-    sregs.gdt.limit = 31;
+    sregs.gdt.limit = (8 * (GDT_SEGMENTS + 2 * TSS_VCPUS) - 1) as u16;
     sregs.cs = segment(0x8, 0xb, true);
     let data = segment(0x10, 0x3, false);
     sregs.ds = data;
@@ -300,6 +344,16 @@ fn setup_long_mode(vcpu: &VcpuFd) -> io::Result<()> {
     sregs.fs = data;
     sregs.gs = data;
     sregs.ss = data;
+    if id < TSS_VCPUS {
+        sregs.tr = kvm_segment {
+            base: TSS_BASE + id * TSS_STRIDE,
+            limit: TSS_LIMIT,
+            selector: (8 * (GDT_SEGMENTS + 2 * id)) as u16,
+            type_: 0xb, // busy 64-bit TSS, as after LTR
+            present: 1,
+            ..Default::default()
+        };
+    }
     sregs.cr3 = PML4;
     sregs.cr4 = 0x20; // PAE
     sregs.cr0 = 0x8000_0033; // PG | NE | ET | MP | PE
@@ -331,4 +385,42 @@ pub fn usable() -> Result<Kvm, String> {
         }
     }
     Ok(kvm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tss_descriptor_encodes_base_limit_and_type() {
+        let [low, high] = tss_descriptor(0x1234_5678_9abc_def0);
+        assert_eq!(low & 0xffff, u64::from(TSS_LIMIT));
+        let base = (low >> 16 & 0xff_ffff) | (low >> 56 & 0xff) << 24 | high << 32;
+        assert_eq!(base, 0x1234_5678_9abc_def0);
+        // Present, DPL0, system descriptor of type 9 (available 64-bit TSS).
+        assert_eq!(low >> 40 & 0xff, 0x89);
+    }
+
+    #[test]
+    fn gdt_has_user_segments_and_pages_are_user_accessible() {
+        let mem = GuestMem::new(MEM_SIZE).expect("memory");
+        setup_page_tables(&mem);
+        let gdt = |sel: u64| mem.read_u64(GDT + sel).expect("in RAM");
+        // User data (0x20): present, DPL3, writable data; user code (0x28): DPL3, L.
+        assert_eq!(gdt(0x20) >> 40 & 0xff, 0xf3);
+        assert_eq!(gdt(0x28) >> 40 & 0xff, 0xfb);
+        assert_eq!(gdt(0x28) >> 53 & 1, 1);
+        // vCPU 1's TSS descriptor points at its TSS.
+        let low = gdt(0x30 + 16);
+        assert_eq!(low >> 16 & 0xff_ffff, TSS_BASE + TSS_STRIDE);
+        // U/S on every level of the map of the first and the LAPIC's 2 MiB page.
+        assert_eq!(mem.read_u64(PML4).expect("in RAM") & 0x7, 0x7);
+        assert_eq!(mem.read_u64(PDPT + 24).expect("in RAM") & 0x7, 0x7);
+        assert_eq!(mem.read_u64(PD).expect("in RAM"), 0x87);
+        let lapic = PD + 0x1000 * 3 + 8 * 503;
+        assert_eq!(
+            mem.read_u64(lapic).expect("in RAM"),
+            0xfee0_0000 & !0x1f_ffff | 0x87
+        );
+    }
 }

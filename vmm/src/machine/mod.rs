@@ -20,7 +20,10 @@
 //! Timed mode: the vCPU runs free; the time each `KVM_RUN` lasted, in TSC ticks (the guest TSC
 //! is the host's here), is fed as core and reference cycles in the mode of the CPL at the exit
 //! (an approximation: a run may span CPLs). Before each entry the VMM finds, on a copy of the
-//! model, after how many cycles a PMI would be raised, and arms a kick for that time.
+//! model, after how many cycles a PMI would be raised, and arms a kick for that time. The
+//! interrupted context of a PMI (`Platform::interrupted`) is the sync-regs state at the exit
+//! that raised it, so at a kick that landed in CPL3 code it is that code's RIP and CPL 3; every
+//! delivered PMI's context is kept (`RunResult::pmi_contexts`, guest port 0x15 for the last).
 //!
 //! Modules: `platform` (the `vpmu::Platform` impl), `runner` (the vCPU thread's run loop and
 //! migrations), `sched` (several domains' vCPUs on one thread and pCPU), `exit` (copying exits
@@ -42,6 +45,7 @@ use crate::personality::Personality;
 
 use exit::MsrHandler;
 use platform::PlatformState;
+pub use platform::PmiContext;
 use runner::{Rendezvous, Runner};
 
 /// Runs `f` on the core and a platform view for `runner`'s vCPU.
@@ -102,6 +106,8 @@ pub struct RunResult {
     pub user_time: (u64, u64),
     /// Kicks (timed mode).
     pub kicks: u64,
+    /// The interrupted context of each PMI delivered through the LVTPC (the first 65536).
+    pub pmi_contexts: Vec<PmiContext>,
 }
 
 /// The vCPU table of every domain, in creation order (a handful of vCPUs: searched).

@@ -32,6 +32,33 @@ pub(super) struct PlatformState {
     pub(super) injected: Option<u8>,
     pub(super) diagnostics: u64,
     pub(super) pmis: u64,
+    /// The interrupted context of each PMI delivered through the LVTPC (the first
+    /// `MAX_PMI_CONTEXTS`), as `interrupted` gave it to the core.
+    pub(super) pmi_contexts: Vec<PmiContext>,
+    /// The interrupted context of the last delivered PMI.
+    pub(super) last_pmi: Option<PmiContext>,
+}
+
+/// At most this many PMI contexts are kept per vCPU.
+pub(super) const MAX_PMI_CONTEXTS: usize = 1 << 16;
+
+/// Where a delivered PMI interrupted the guest (from sync regs at the exit that raised it; in
+/// timed mode, the kick at the predicted overflow).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PmiContext {
+    /// Interrupted RIP.
+    pub rip: u64,
+    /// Interrupted CPL (CS.RPL).
+    pub cpl: u8,
+    /// `XENPMU_REGS_MODE_*` of the interrupted context.
+    pub mode: u32,
+}
+
+impl PmiContext {
+    /// The `port::PMI_CONTEXT` encoding: RIP bits 0..29 | CPL << 30.
+    pub fn port_value(&self) -> u32 {
+        (self.rip & 0x3fff_ffff) as u32 | u32::from(self.cpl & 3) << 30
+    }
 }
 
 /// The `Platform` view of the host from one vCPU, built between runs.
@@ -152,6 +179,16 @@ impl Platform for KvmPlatform<'_> {
         };
         if delivered {
             self.state.pmis += 1;
+            let regs = &self.state.regs;
+            let context = PmiContext {
+                rip: regs.rip,
+                cpl: regs.cpl,
+                mode: regs.mode,
+            };
+            self.state.last_pmi = Some(context);
+            if self.state.pmi_contexts.len() < MAX_PMI_CONTEXTS {
+                self.state.pmi_contexts.push(context);
+            }
             LvtpcDelivery::Delivered
         } else {
             LvtpcDelivery::Masked
@@ -272,5 +309,30 @@ mod tests {
         let regs = regs_of(&s);
         assert_eq!(regs.cpl, 3);
         assert_eq!(regs.mode, XENPMU_REGS_MODE_16 | XENPMU_REGS_MODE_USER);
+    }
+
+    #[test]
+    fn user_mode_64bit_context() {
+        // 64-bit user code as the guest runtime enters it: CS 0x2b (L), SS 0x23.
+        let mut s = kvm_sync_regs::default();
+        s.sregs.cr0 = 0x8000_0033;
+        s.sregs.efer = 0x500;
+        s.sregs.cs.l = 1;
+        s.sregs.cs.selector = 0x2b;
+        s.sregs.ss.selector = 0x23;
+        s.regs.rip = 0x4010_2345;
+        let regs = regs_of(&s);
+        assert_eq!((regs.cpl, regs.cs, regs.ss), (3, 0x2b, 0x23));
+        assert_eq!(regs.mode, XENPMU_REGS_MODE_64 | XENPMU_REGS_MODE_USER);
+        let context = PmiContext {
+            rip: regs.rip,
+            cpl: regs.cpl,
+            mode: regs.mode,
+        };
+        assert_eq!(context.port_value(), 0xc010_2345);
+        // Kernel code: CPL0, no USER bit.
+        s.sregs.cs.selector = 0x8;
+        let regs = regs_of(&s);
+        assert_eq!((regs.cpl, regs.mode), (0, XENPMU_REGS_MODE_64));
     }
 }

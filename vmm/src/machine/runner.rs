@@ -181,6 +181,7 @@ impl<P: Personality> Runner<'_, P> {
         };
         result.elapsed = start.elapsed();
         result.pmis = self.state.pmis;
+        result.pmi_contexts = std::mem::take(&mut self.state.pmi_contexts);
         if let Err(e) = outcome {
             result.error = Some(e.to_string());
         }
@@ -306,6 +307,9 @@ impl<P: Personality> Runner<'_, P> {
                         port::HYPERCALL => self.hypercall(),
                         port::MIGRATE => self.migrate()?,
                         port::SLICES => self.slices,
+                        port::PMI_CONTEXT => {
+                            self.state.last_pmi.map_or(u32::MAX, |c| c.port_value())
+                        }
                         _ => u32::MAX,
                     };
                     let bytes = value.to_le_bytes();

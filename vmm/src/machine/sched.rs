@@ -86,6 +86,7 @@ pub(super) fn run_shared<P: Personality>(
     for (result, runner) in results.iter_mut().zip(&runners) {
         result.elapsed = start.elapsed();
         result.pmis = runner.state.pmis;
+        result.pmi_contexts.clone_from(&runner.state.pmi_contexts);
     }
     results
 }

@@ -1,0 +1,46 @@
+/* CPL3 entry and return for the guest kernel (see user_call in rt.c).
+ *
+ * user_enter(fn, arg, user_rsp, saved_rsp, tss_rsp0, active) saves the callee-saved registers
+ * on the kernel stack, stores that stack pointer in *saved_rsp and in the vCPU's TSS.RSP0 (so
+ * interrupts and exceptions taken at CPL3 push their frames just below it), pushes the address
+ * of user_return on the user stack as fn's return address, sets *active = 1 and irets to fn(arg)
+ * at CPL3 (CS 0x2b, SS 0x23, IF set). fn returns onto `ud2`; the #UD handler (rt.c) recognizes
+ * user_return, clears *active and irets to user_resume at CPL0 on the saved stack, which
+ * restores the registers and returns fn's RAX to user_enter's caller. */
+    .text
+    .globl user_enter, user_return, user_resume
+    .p2align 4
+user_enter:
+    push %rbx
+    push %rbp
+    push %r12
+    push %r13
+    push %r14
+    push %r15
+    mov %rsp, (%rcx)
+    mov %rsp, (%r8)
+    mov %rdi, %rax
+    mov %rsi, %rdi
+    lea user_return(%rip), %r10
+    sub $8, %rdx
+    mov %r10, (%rdx)
+    pushq $0x23             /* SS: user data, RPL3 */
+    push %rdx               /* RSP */
+    pushq $0x202            /* RFLAGS: IF */
+    pushq $0x2b             /* CS: user 64-bit code, RPL3 */
+    push %rax               /* RIP */
+    movq $1, (%r9)
+    iretq
+user_return:
+    ud2
+user_resume:
+    mov $0x10, %ecx         /* the iret to CPL3 nulled DS/ES */
+    mov %ecx, %ds
+    mov %ecx, %es
+    pop %r15
+    pop %r14
+    pop %r13
+    pop %r12
+    pop %rbp
+    pop %rbx
+    ret
