@@ -22,6 +22,8 @@ const PROGRAMS: &[(&str, &[&str])] = &[
             "timed_user.c",
             "workload.S",
             "multi.c",
+            "all.c",
+            "all_work.S",
         ],
     ),
     ("bench", &["bench.c"]),
@@ -70,8 +72,12 @@ const CFLAGS32: &[&str] = &[
 ];
 
 fn compile(src: &Path, obj: &Path) {
+    let abi_include =
+        Path::new(&env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).join("../abi/include");
     run(Command::new("gcc")
         .args(CFLAGS)
+        .arg("-I")
+        .arg(abi_include)
         .arg("-c")
         .arg(src)
         .arg("-o")

@@ -72,5 +72,8 @@ extern const struct cpu_case_entry smp_cases[];
 extern const u32 smp_case_count;
 extern const struct cpu_case_entry domain_cases[];
 extern const u32 domain_case_count;
+/* all.c: all-mode cases 400.. on three one-vCPU domains sharing one pCPU (timed source) */
+extern const struct cpu_case_entry all_cases[];
+extern const u32 all_case_count;
 
 #endif

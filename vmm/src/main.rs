@@ -7,6 +7,7 @@
 //! `build.rs`), one software PMU model per pCPU driven by the vpmu core through
 //! `vpmu::Platform`.
 
+mod attribution;
 mod guest;
 mod kick;
 mod kvm;

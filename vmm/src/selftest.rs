@@ -55,7 +55,8 @@ fn run_cases<P: Personality + Copy + Sync>(
 ) -> Result<(), String> {
     // Precise: cases 0.. on one vCPU, cases SMP_BASE.. on SMP_VCPUS vCPUs (threads, one pCPU
     // each), cases DOMAIN_BASE.. on DOMAINS one-vCPU domains sharing one pCPU (one thread).
-    // Timed: cases TIMED_BASE.. on one vCPU.
+    // Timed: cases TIMED_BASE.. on one vCPU, cases ALL_BASE.. on ALL_DOMAINS one-vCPU domains
+    // sharing one pCPU.
     // Precise only: the compat32 case (guest::COMPAT, case 0).
     let groups: &[(&[u8], u64, Layout)] = match p.source() {
         Source::Precise => &[
@@ -64,7 +65,10 @@ fn run_cases<P: Personality + Copy + Sync>(
             (guest::PMU, DOMAIN_BASE, Layout::SharedPcpu(DOMAINS)),
             (guest::COMPAT, 0, Layout::ThreadPerVcpu(1)),
         ],
-        Source::Timed => &[(guest::PMU, TIMED_BASE, Layout::ThreadPerVcpu(1))],
+        Source::Timed => &[
+            (guest::PMU, TIMED_BASE, Layout::ThreadPerVcpu(1)),
+            (guest::PMU, ALL_BASE, Layout::SharedPcpu(ALL_DOMAINS)),
+        ],
     };
     for &(image, base, layout) in groups {
         if image.is_empty() {
@@ -92,9 +96,15 @@ fn run_cases<P: Personality + Copy + Sync>(
                 Layout::ThreadPerVcpu(_) => "vcpu",
                 Layout::SharedPcpu(_) => "dom",
             };
-            let result = merge(&results, label);
+            let mut result = merge(&results, label);
             if result.console.starts_with("NOCASE") {
                 break;
+            }
+            if base == ALL_BASE {
+                // The VMM's side of the all-mode case: attribution and conservation.
+                let (lines, failed) = crate::attribution::check_all_mode(&results);
+                result.console += &lines;
+                result.status = result.status.map(|s| s.saturating_add(failed));
             }
             if verbose {
                 print!("{}", indent(&result.console, "  | "));
@@ -115,6 +125,10 @@ const SMP_VCPUS: u32 = 2;
 const DOMAIN_BASE: u64 = 300;
 /// Domains of a multi-domain case.
 const DOMAINS: u32 = 2;
+/// First all-mode case number (`guest/all.c`, timed source).
+const ALL_BASE: u64 = 400;
+/// Domains of an all-mode case: the profiler and two guests.
+const ALL_DOMAINS: u32 = 3;
 
 /// One result for a case: the sum of the vCPUs' statuses (each reports its own failures;
 /// SMP vCPUs other than 0 report none), every vCPU's console (vCPU 0 first, the others'
@@ -195,12 +209,12 @@ pub fn selftest(kvm: &Kvm, vendor: VendorChoice, verbose: bool) -> Result<Vec<Ca
 /// The result table.
 pub fn table(results: &[CaseResult]) -> String {
     let mut s = format!(
-        "{:<30} {:<26} {:>6} {:>6} {:>8} {:>8}  result\n",
+        "{:<30} {:<32} {:>6} {:>6} {:>8} {:>8}  result\n",
         "personality", "case", "pass", "fail", "steps", "ms"
     );
     for r in results {
         s += &format!(
-            "{:<30} {:<26} {:>6} {:>6} {:>8} {:>8}  {}\n",
+            "{:<30} {:<32} {:>6} {:>6} {:>8} {:>8}  {}\n",
             r.personality,
             r.case,
             r.passed,

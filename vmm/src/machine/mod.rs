@@ -44,8 +44,8 @@ use crate::kvm::{STACK_TOP, Vcpu, Vm};
 use crate::personality::Personality;
 
 use exit::MsrHandler;
-use platform::PlatformState;
 pub use platform::PmiContext;
+use platform::{PlatformState, QueuedPmi};
 use runner::{Rendezvous, Runner};
 
 /// Runs `f` on the core and a platform view for `runner`'s vCPU.
@@ -61,6 +61,7 @@ macro_rules! with_core {
             counts: $runner.counts,
             pages: $runner.pages,
             physical_masked: &mut $core.physical_masked,
+            queued: &mut $core.queued_lvtpc,
             state: &mut $runner.state,
         };
         $body
@@ -108,6 +109,23 @@ pub struct RunResult {
     pub kicks: u64,
     /// The interrupted context of each PMI delivered through the LVTPC (the first 65536).
     pub pmi_contexts: Vec<PmiContext>,
+    /// The VMM's own record of every PMI the core handled on this vCPU's pCPU, in order: what
+    /// ran there and was interrupted, and the outcome (shared layout: in the first result).
+    pub pmi_log: Vec<PmiRecord>,
+    /// The core's statistics of this vCPU at the end of the run.
+    pub stats: Option<vpmu::VcpuStats>,
+}
+
+/// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the
+/// core's routing), where it was interrupted, and the core's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PmiRecord {
+    /// The vCPU the VMM was running when the PMI was raised.
+    pub running: VcpuId,
+    /// Its interrupted context (sync regs at the exit that raised the PMI).
+    pub context: PmiContext,
+    /// `Some(receiver)` if the core delivered it (LVTPC or a page sample), `None` otherwise.
+    pub delivered_to: Option<VcpuId>,
 }
 
 /// The vCPU table of every domain, in creation order (a handful of vCPUs: searched).
@@ -144,6 +162,10 @@ struct Core<P: Personality> {
     vcpus: Table<Ctx<P>>,
     /// The physical LVTPC mask of each pCPU.
     physical_masked: Vec<bool>,
+    /// The VMM's record of every PMI handled (the first `MAX_PMI_CONTEXTS`).
+    pmi_log: Vec<PmiRecord>,
+    /// LVTPC deliveries queued for vCPUs other than the raising thread's.
+    queued_lvtpc: Vec<QueuedPmi>,
 }
 
 /// How the vCPUs of a run map to domains, host threads and pCPUs.
@@ -248,6 +270,8 @@ impl<P: Personality> Machine<P> {
                 pcpus,
                 vcpus: table,
                 physical_masked: vec![false; pcpu_count as usize],
+                pmi_log: Vec::new(),
+                queued_lvtpc: Vec::new(),
             }),
             pages: Mutex::new(Vec::new()),
         })

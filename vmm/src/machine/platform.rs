@@ -42,6 +42,20 @@ pub(super) struct PlatformState {
 /// At most this many PMI contexts are kept per vCPU.
 pub(super) const MAX_PMI_CONTEXTS: usize = 1 << 16;
 
+/// At most this many LVTPC deliveries wait for their receivers (more: answered `Masked`).
+const MAX_QUEUED: usize = 1024;
+
+/// An LVTPC delivery to a vCPU other than the one this thread runs (`LvtpcDelivery::Queued`):
+/// its LAPIC may only be touched from its own run loop between runs, which performs it before
+/// the vCPU's next entry and reports it with `Vpmu::lvtpc_delivery_done`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct QueuedPmi {
+    pub(super) to: VcpuId,
+    pub(super) mask_on_delivery: bool,
+    /// The interrupted context (of the vCPU that ran when the PMI was raised).
+    pub(super) context: PmiContext,
+}
+
 /// Where a delivered PMI interrupted the guest (from sync regs at the exit that raised it; in
 /// timed mode, the kick at the predicted overflow).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +90,8 @@ pub(super) struct KvmPlatform<'a> {
     pub(super) pages: &'a Mutex<Vec<(u32, u64)>>,
     /// The physical LVTPC mask of each pCPU (set by the core while a sample is cached).
     pub(super) physical_masked: &'a mut [bool],
+    /// LVTPC deliveries waiting for their receivers' run loops (all vCPUs').
+    pub(super) queued: &'a mut Vec<QueuedPmi>,
     pub(super) state: &'a mut PlatformState,
 }
 
@@ -86,6 +102,56 @@ fn slot_of(domain: u32, gfn: u64) -> PageSlot {
 
 fn page_of(slot: PageSlot) -> (u32, u64) {
     ((slot.0 >> 32) as u32, slot.0 & 0xffff_ffff)
+}
+
+impl KvmPlatform<'_> {
+    /// Raises a PMI through this thread's vCPU's LVTPC (between runs): drops it if the LVTPC
+    /// is masked or the APIC disabled, sets the mask first if `mask_on_delivery`, then an MSI
+    /// or an NMI by delivery mode. On delivery, records `context` as the interrupted one.
+    pub(super) fn inject_lvtpc(&mut self, mask_on_delivery: bool, context: PmiContext) -> bool {
+        let Ok(mut lapic) = self.vcpu.get_lapic() else {
+            return false;
+        };
+        let read = |l: &kvm_bindings::kvm_lapic_state, off: usize| {
+            u32::from_le_bytes(std::array::from_fn(|i| l.regs[off + i] as u8))
+        };
+        let lvtpc = read(&lapic, LAPIC_LVTPC);
+        let enabled = read(&lapic, LAPIC_SVR) & 0x100 != 0;
+        if lvtpc & LVT_MASKED != 0 || !enabled {
+            return false;
+        }
+        if mask_on_delivery {
+            let masked = (lvtpc | LVT_MASKED).to_le_bytes();
+            for (i, b) in masked.iter().enumerate() {
+                lapic.regs[LAPIC_LVTPC + i] = *b as std::os::raw::c_char;
+            }
+            // set_lapic before the interrupt is raised, so that the written image cannot
+            // overwrite the IRR bit.
+            if self.vcpu.set_lapic(&lapic).is_err() {
+                return false;
+            }
+        }
+        let apic_id = read(&lapic, LAPIC_ID) >> 24;
+        let vector = (lvtpc & 0xff) as u8;
+        let delivered = match (lvtpc >> 8) & 7 {
+            4 => {
+                self.state.injected = Some(2);
+                self.vcpu.nmi().is_ok()
+            }
+            _ => {
+                self.state.injected = Some(vector);
+                msi(self.vm, apic_id, vector)
+            }
+        };
+        if delivered {
+            self.state.pmis += 1;
+            self.state.last_pmi = Some(context);
+            if self.state.pmi_contexts.len() < MAX_PMI_CONTEXTS {
+                self.state.pmi_contexts.push(context);
+            }
+        }
+        delivered
+    }
 }
 
 impl Platform for KvmPlatform<'_> {
@@ -138,67 +204,38 @@ impl Platform for KvmPlatform<'_> {
     }
 
     fn deliver_lvtpc_pmi(&mut self, vcpu: VcpuId, mask_on_delivery: bool) -> LvtpcDelivery {
-        // In self and hv mode the receiver is the vCPU this thread runs. Another vCPU's LAPIC
-        // (all mode) would need a cross-thread request: not implemented, reported as masked.
-        if vcpu != self.me {
-            return LvtpcDelivery::Masked;
-        }
-        let Ok(mut lapic) = self.vcpu.get_lapic() else {
-            return LvtpcDelivery::Masked;
+        let regs = &self.state.regs;
+        let context = PmiContext {
+            rip: regs.rip,
+            cpl: regs.cpl,
+            mode: regs.mode,
         };
-        let read = |l: &kvm_bindings::kvm_lapic_state, off: usize| {
-            u32::from_le_bytes(std::array::from_fn(|i| l.regs[off + i] as u8))
-        };
-        let lvtpc = read(&lapic, LAPIC_LVTPC);
-        let enabled = read(&lapic, LAPIC_SVR) & 0x100 != 0;
-        if lvtpc & LVT_MASKED != 0 || !enabled {
-            return LvtpcDelivery::Masked;
-        }
-        if mask_on_delivery {
-            let masked = (lvtpc | LVT_MASKED).to_le_bytes();
-            for (i, b) in masked.iter().enumerate() {
-                lapic.regs[LAPIC_LVTPC + i] = *b as std::os::raw::c_char;
-            }
-            // set_lapic before the interrupt is raised, so that the written image cannot
-            // overwrite the IRR bit.
-            if self.vcpu.set_lapic(&lapic).is_err() {
-                return LvtpcDelivery::Masked;
-            }
-        }
-        let apic_id = read(&lapic, LAPIC_ID) >> 24;
-        let vector = (lvtpc & 0xff) as u8;
-        let delivered = match (lvtpc >> 8) & 7 {
-            4 => {
-                self.state.injected = Some(2);
-                self.vcpu.nmi().is_ok()
-            }
-            _ => {
-                self.state.injected = Some(vector);
-                msi(self.vm, apic_id, vector)
-            }
-        };
-        if delivered {
-            self.state.pmis += 1;
-            let regs = &self.state.regs;
-            let context = PmiContext {
-                rip: regs.rip,
-                cpl: regs.cpl,
-                mode: regs.mode,
+        if vcpu == self.me {
+            return if self.inject_lvtpc(mask_on_delivery, context) {
+                LvtpcDelivery::Delivered
+            } else {
+                LvtpcDelivery::Masked
             };
-            self.state.last_pmi = Some(context);
-            if self.state.pmi_contexts.len() < MAX_PMI_CONTEXTS {
-                self.state.pmi_contexts.push(context);
-            }
-            LvtpcDelivery::Delivered
-        } else {
-            LvtpcDelivery::Masked
         }
+        // Another vCPU's LAPIC: only its own run loop may change it, before its next entry.
+        if self.queued.len() >= MAX_QUEUED {
+            return LvtpcDelivery::Masked;
+        }
+        self.queued.push(QueuedPmi {
+            to: vcpu,
+            mask_on_delivery,
+            context,
+        });
+        LvtpcDelivery::Queued
     }
 
     fn raise_pmu_virq(&mut self, vcpu: VcpuId) {
         if vcpu == self.me {
             self.state.injected = Some(VIRQ_VECTOR);
         }
+        // An MSI through the receiver's VM (a VM ioctl: safe from any thread). For a vCPU that
+        // is not running (another domain's on a shared pCPU) KVM only sets the IRR bit, and the
+        // VIRQ is injected at that vCPU's next entry; a running one on another thread is kicked.
         // KVM's LAPIC IDs are the vCPU indices (in the vCPU's domain's VM).
         if let Some(vm) = self.vms.get(vcpu.domain as usize) {
             msi(vm, vcpu.vcpu, VIRQ_VECTOR);

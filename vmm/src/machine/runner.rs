@@ -5,12 +5,12 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::kvm_sync_regs;
-use vpmu::{ExecMode, SoftwarePmu, VcpuId};
+use vpmu::{ExecMode, PmiOutcome, SoftwarePmu, VcpuId};
 
 use super::exit::{Exit, MsrHandler};
-use super::platform::{KvmPlatform, PlatformState, regs_of};
+use super::platform::{KvmPlatform, MAX_PMI_CONTEXTS, PlatformState, PmiContext, regs_of};
 use super::timed::cycles_until_pmi;
-use super::{Core, RunResult};
+use super::{Core, PmiRecord, RunResult};
 use crate::guest::port;
 use crate::kick::Kick;
 use crate::kvm::{Vcpu, Vm};
@@ -49,6 +49,9 @@ pub(super) struct Runner<'a, P: Personality> {
     /// Times this vCPU was scheduled in (its slices on a shared pCPU; 1 on its own thread).
     pub(super) slices: u32,
 }
+
+/// Timed mode on a shared pCPU: the longest slice.
+pub(super) const SLICE_TIME: Duration = Duration::from_millis(1);
 
 /// How long a vCPU waits for the others at a migration before giving up.
 const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -202,16 +205,20 @@ impl<P: Personality> Runner<'_, P> {
         let mut armed: Option<Instant> = None;
         let precise = self.personality.source() == Source::Precise;
         let mut exits = 0u64;
+        // Timed mode on a shared pCPU: a slice also ends after `SLICE_TIME` (a CPL3 workload
+        // may run without exits for as long as no counter is about to overflow).
+        let slice_end = (slice.is_some() && !precise).then(|| Instant::now() + SLICE_TIME);
         loop {
             if start.elapsed() > timeout {
                 return Err(io::Error::other(format!("timeout after {timeout:?}")));
             }
-            if slice.is_some_and(|n| exits >= n) {
+            if slice.is_some_and(|n| exits >= n) || slice_end.is_some_and(|e| Instant::now() >= e) {
                 return Ok(false);
             }
             exits += 1;
-            let (counting, until_pmi) = {
+            let (counting, until_pmi, queued) = {
                 let core = self.core.lock().expect("vpmu core lock");
+                let queued = core.queued_lvtpc.iter().any(|q| q.to == self.me);
                 let model = core.pcpus[self.pcpu()].hw();
                 let counting = self.personality.counting(model);
                 let until = if counting && !precise {
@@ -219,8 +226,11 @@ impl<P: Personality> Runner<'_, P> {
                 } else {
                     None
                 };
-                (counting, until)
+                (counting, until, queued)
             };
+            if queued {
+                self.deliver_queued();
+            }
             let step = precise && counting;
             // Round the overflow deadline up: the kick must not land before the overflow.
             let overflow = until_pmi.map(|cycles| {
@@ -228,7 +238,10 @@ impl<P: Personality> Runner<'_, P> {
                 Instant::now() + Duration::from_nanos(ns.min(u128::from(u64::MAX)) as u64)
             });
             let watchdog = start + timeout;
-            let deadline = overflow.map_or(watchdog, |o| o.min(watchdog));
+            let mut deadline = overflow.map_or(watchdog, |o| o.min(watchdog));
+            if let Some(end) = slice_end {
+                deadline = deadline.min(end);
+            }
             if armed != Some(deadline) {
                 kick.arm(Some(deadline));
                 armed = Some(deadline);
@@ -336,6 +349,27 @@ impl<P: Personality> Runner<'_, P> {
         }
     }
 
+    /// Performs the LVTPC deliveries queued for this vCPU by other threads or vCPUs
+    /// (`LvtpcDelivery::Queued`) on its own LAPIC, before its next entry, and reports each
+    /// outcome to the core.
+    fn deliver_queued(&mut self) {
+        let me = self.me;
+        with_core!(self, |platform, core| {
+            let mut i = 0;
+            while i < platform.queued.len() {
+                if platform.queued[i].to != me {
+                    i += 1;
+                    continue;
+                }
+                let q = platform.queued.remove(i);
+                let delivered = platform.inject_lvtpc(q.mask_on_delivery, q.context);
+                if let Some(v) = core.vcpus.vcpu_mut(me) {
+                    core.vpmu.lvtpc_delivery_done(v, delivered);
+                }
+            }
+        });
+    }
+
     pub(super) fn check_pmi(&mut self) -> io::Result<()> {
         let pcpu = self.pcpu;
         let outcome = with_core!(self, |platform, core| {
@@ -344,8 +378,28 @@ impl<P: Personality> Runner<'_, P> {
             {
                 return Ok(());
             }
-            core.vpmu
-                .handle_pmi(&mut platform, &mut core.pcpus, &mut core.vcpus, pcpu)
+            let outcome =
+                core.vpmu
+                    .handle_pmi(&mut platform, &mut core.pcpus, &mut core.vcpus, pcpu);
+            if let Ok(o) = outcome {
+                let delivered_to = match o {
+                    PmiOutcome::Delivered { to, .. } => Some(to),
+                    _ => None,
+                };
+                if core.pmi_log.len() < MAX_PMI_CONTEXTS {
+                    let regs = &platform.state.regs;
+                    core.pmi_log.push(PmiRecord {
+                        running: platform.me,
+                        context: PmiContext {
+                            rip: regs.rip,
+                            cpl: regs.cpl,
+                            mode: regs.mode,
+                        },
+                        delivered_to,
+                    });
+                }
+            }
+            outcome
         });
         outcome
             .map(|_| ())

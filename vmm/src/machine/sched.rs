@@ -83,6 +83,15 @@ pub(super) fn run_shared<P: Personality>(
             r.error.get_or_insert(format!("context_switch: {e:?}"));
         }
     }
+    if let Some(runner) = runners.first() {
+        let core = runner.core.lock().expect("vpmu core lock");
+        if let Some(first) = results.first_mut() {
+            first.pmi_log.clone_from(&core.pmi_log);
+        }
+        for (result, runner) in results.iter_mut().zip(&runners) {
+            result.stats = core.vcpus.vcpu(runner.me).map(|v| *v.stats());
+        }
+    }
     for (result, runner) in results.iter_mut().zip(&runners) {
         result.elapsed = start.elapsed();
         result.pmis = runner.state.pmis;
