@@ -549,6 +549,15 @@ static const struct case_entry cases[] = {
     {"running_counter_write", case_running_counter_write},
 };
 
+/* Starts a case: runtime set-up, the CASE line the VMM parses, vendor detection. */
+static void begin_case(const char *name) {
+    rt_init();
+    puts("CASE ");
+    puts(name);
+    puts("\n");
+    detect();
+}
+
 int main(u64 which, u64 cpu) {
     if (which == 999) /* the VMM's watchdog test: spin at CPL0 without exits */
         for (;;)
@@ -570,11 +579,7 @@ int main(u64 which, u64 cpu) {
             if (cpu == 0) puts("NOCASE\n");
             return 0xffff;
         }
-        rt_init();
-        puts("CASE ");
-        puts(domain_cases[which].name);
-        puts("\n");
-        detect();
+        begin_case(domain_cases[which].name);
         domain_cases[which].fn((u32)cpu);
     } else if (which >= 200) {
         which -= 200;
@@ -582,11 +587,7 @@ int main(u64 which, u64 cpu) {
             puts("NOCASE\n");
             return 0xffff;
         }
-        rt_init();
-        puts("CASE ");
-        puts(timed_cases[which].name);
-        puts("\n");
-        detect();
+        begin_case(timed_cases[which].name);
         timed_cases[which].fn();
     } else if (which >= 100) {
         which -= 100;
@@ -614,11 +615,7 @@ int main(u64 which, u64 cpu) {
             puts("NOCASE\n");
             return 0xffff;
         }
-        rt_init();
-        puts("CASE ");
-        puts(cases[which].name);
-        puts("\n");
-        detect();
+        begin_case(cases[which].name);
         cases[which].fn();
     }
     puts("END ");
