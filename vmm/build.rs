@@ -27,6 +27,9 @@ const PROGRAMS: &[(&str, &[&str])] = &[
         ],
     ),
     ("bench", &["bench.c"]),
+    // `vpmu profile`: the profiling domain and the workload domains.
+    ("profiler", &["profiler.c", "sampler.c", "driver.c"]),
+    ("work", &["work.c", "work_loops.S", "sampler.c", "driver.c"]),
 ];
 
 const CFLAGS: &[&str] = &[
@@ -192,7 +195,15 @@ fn build_compat(guest: &Path, out: &Path, common: &[PathBuf]) {
 fn main() {
     let guest = Path::new(&env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).join("guest");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
-    for file in ["rt.c", "rt.h", "user.S", "pmu.h", "start.S", "link.ld"] {
+    for file in [
+        "rt.c",
+        "rt.h",
+        "user.S",
+        "pmu.h",
+        "profile.h",
+        "start.S",
+        "link.ld",
+    ] {
         println!("cargo:rerun-if-changed=guest/{file}");
     }
     let start = out.join("start.o");

@@ -48,6 +48,7 @@ u32 ctl_msr(u32 i) { return intel ? INTEL_EVTSEL0 + i : (amd_ext || amd_v2) ? AM
 u32 ctr_msr(u32 i) { return intel ? INTEL_PMC0 + i : (amd_ext || amd_v2) ? AMD_CTL0 + 2 * i + 1 : AMD_K7_CTR0 + i; }
 u64 ev_instructions(void) { return 0xc0; }
 u64 ev_branches(void) { return intel ? 0xc4 : 0xc2; }
+u64 ev_cycles(void) { return intel ? 0x3c : 0x76; }
 int has_global(void) { return intel || amd_v2; }
 u32 global_ctrl_msr(void) { return intel ? INTEL_GLOBAL_CTRL : AMD_GLOBAL_CTL; }
 u32 global_status_msr(void) { return intel ? INTEL_GLOBAL_STATUS : AMD_GLOBAL_STATUS; }

@@ -6,7 +6,6 @@
  * Cycles here are guest TSC ticks spent in KVM_RUN, so they track RDTSC minus the time the VMM
  * spent handling exits.
  */
-u64 ev_cycles(void) { return intel ? 0x3c : 0x76; }
 
 static void spin(u64 iterations) {
     __asm__ volatile("1: dec %0\n\tjnz 1b" : "+r"(iterations) : : "cc");

@@ -14,7 +14,7 @@ u64 work_loop_fn(u64 deadline) __asm__("work_loop");
 static u8 user_stack[16384] __attribute__((aligned(16)));
 static volatile u64 sample_ip[MAX_SAMPLES];
 static volatile u8 sample_cpl[MAX_SAMPLES];
-static volatile u64 samples, kernel_pmis, vmm_mismatches;
+static volatile u64 samples, kernel_pmis, vmm_mismatches, deferred_pmis;
 static u32 counter_msr;
 static u64 rng = 0x9e3779b97f4a7c15ul;
 
@@ -40,9 +40,16 @@ __attribute__((interrupt)) static void user_pmi_handler(struct iframe *f) {
             sample_ip[i] = f->ip;
             sample_cpl[i] = (u8)(f->cs & 3);
         }
-        /* The VMM's record: RIP bits 0..29 and the CPL in bits 30..31. */
+        /* The VMM's record: RIP bits 0..29 and the CPL in bits 30..31. A PMI the VMM raised
+         * at an exit inside a handler (CPL0, interrupts off: a run there lasted longer than a
+         * period, e.g. while the host preempted the vCPU thread) stays pending and is taken
+         * after the handler's iret, at the workload's instruction: a deferred delivery, not a
+         * wrong record. Every PMI the VMM recorded at CPL3 must match the frame exactly. */
         u32 vmm = inl(PORT_PMI_CONTEXT);
-        if (vmm != ((u32)(f->ip & 0x3fffffff) | (u32)(f->cs & 3) << 30)) vmm_mismatches++;
+        if (vmm >> 30 == 0 && (f->cs & 3) == 3)
+            deferred_pmis++;
+        else if (vmm != ((u32)(f->ip & 0x3fffffff) | (u32)(f->cs & 3) << 30))
+            vmm_mismatches++;
     } else {
         kernel_pmis++;
     }
@@ -118,6 +125,8 @@ void timed_user_workload(void) {
     put_dec(outside);
     puts("), PMIs in the kernel ");
     put_dec(kernel_pmis);
+    puts(", deferred past a handler ");
+    put_dec(deferred_pmis);
     puts("\n");
     /* Time not spent in the workload, per PMI (estimate: rounds at the PMI-free speed). */
     u64 per_round = quiet ? quiet_ticks / quiet : 0;
@@ -137,8 +146,10 @@ void timed_user_workload(void) {
     report_val("PMIs taken while the workload ran", samples > 0, samples, 1);
     report_val("every interrupted CPL is 3", not_user == 0, not_user, 0);
     report_val("every interrupted RIP is in a workload function", outside == 0, outside, 0);
-    report_val("the VMM's interrupted context = the guest's frame", vmm_mismatches == 0,
-               vmm_mismatches, 0);
+    report_val("the VMM's interrupted context = the guest's frame (PMIs recorded at CPL3)",
+               vmm_mismatches == 0, vmm_mismatches, 0);
+    report_val("deferred PMIs are at most a quarter", deferred_pmis * 4 <= samples, deferred_pmis,
+               samples / 4);
     if (a + b >= 50) {
         /* Expected 75% in hot_a. Generous bounds (at 50 samples the binomial sigma is ~6%; the
          * exact share is not the point here, attribution is). */

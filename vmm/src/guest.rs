@@ -10,6 +10,12 @@ pub static PMU: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pmu.elf"));
 /// 0x200000); empty if the 32-bit consumer could not be built (see `build.rs`).
 pub static COMPAT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/compat.elf"));
 
+/// The profiling domain of `vpmu profile` (`guest/profiler.c`).
+pub static PROFILER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/profiler.elf"));
+
+/// The built-in workload domains of `vpmu profile` (`guest/work.c`, `guest/work_loops.S`).
+pub static WORK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/work.elf"));
+
 /// The MSR-exit cost benchmark (`guest/bench.c`).
 pub static BENCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bench.elf"));
 
@@ -33,6 +39,9 @@ pub mod port {
     /// it delivered to this vCPU (`Platform::interrupted`, from sync regs): RIP bits 0..29 |
     /// CPL << 30; `u32::MAX` before any.
     pub const PMI_CONTEXT: u16 = 0x15;
+    /// Sample batch (`vpmu profile`): `outl` with the guest-physical address of a
+    /// `struct sample_batch` (`guest/profile.h`); the VMM copies it out.
+    pub const BATCH: u16 = 0x16;
 }
 
 const PT_LOAD: u32 = 1;

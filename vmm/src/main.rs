@@ -13,6 +13,8 @@ mod kick;
 mod kvm;
 mod machine;
 mod personality;
+#[allow(dead_code)]
+mod profile;
 mod selftest;
 
 use std::process::ExitCode;

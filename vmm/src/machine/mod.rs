@@ -32,7 +32,8 @@
 
 use std::fmt::Write as _;
 use std::io;
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvm_bindings::{CpuId, kvm_sync_regs};
@@ -40,12 +41,12 @@ use kvm_ioctls::Kvm;
 use vpmu::abi::XENPMU_MODE_SELF;
 use vpmu::{PcpuPmu, PmuBackend, VcpuId, VcpuPmu, VcpuTable, Vpmu};
 
-use crate::kvm::{STACK_TOP, Vcpu, Vm};
+use crate::kvm::{GuestMem, STACK_TOP, Vcpu, Vm};
 use crate::personality::Personality;
 
 use exit::MsrHandler;
-pub use platform::PmiContext;
 use platform::{PlatformState, QueuedPmi};
+pub use platform::{PmiContext, VmmActivity};
 use runner::{Rendezvous, Runner};
 
 /// Runs `f` on the core and a platform view for `runner`'s vCPU.
@@ -62,6 +63,7 @@ macro_rules! with_core {
             pages: $runner.pages,
             physical_masked: &mut $core.physical_masked,
             queued: &mut $core.queued_lvtpc,
+            wake: &mut $core.wake,
             state: &mut $runner.state,
         };
         $body
@@ -114,6 +116,13 @@ pub struct RunResult {
     pub pmi_log: Vec<PmiRecord>,
     /// The core's statistics of this vCPU at the end of the run.
     pub stats: Option<vpmu::VcpuStats>,
+    /// The sample batches this vCPU shipped through `port::BATCH`, as raw bytes copied out of
+    /// guest memory (decoded by `crate::profile::protocol`).
+    pub batches: Vec<Vec<u8>>,
+    /// The VMM stopped this vCPU before it wrote an exit status (shared pCPU, `finish_with`).
+    pub stopped: bool,
+    /// Guest memory copied after the run (`Machine::peek_after_run`): (GPA, bytes).
+    pub peeked: Vec<(u64, Vec<u8>)>,
 }
 
 /// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the
@@ -122,8 +131,11 @@ pub struct RunResult {
 pub struct PmiRecord {
     /// The vCPU the VMM was running when the PMI was raised.
     pub running: VcpuId,
-    /// Its interrupted context (sync regs at the exit that raised the PMI).
+    /// Its interrupted context (sync regs at the exit that raised the PMI, or the VMM's
+    /// `VmmActivity` registers if `hypervisor`).
     pub context: PmiContext,
+    /// The VMM itself was interrupted, serving `running` (hv mode).
+    pub hypervisor: bool,
     /// `Some(receiver)` if the core delivered it (LVTPC or a page sample), `None` otherwise.
     pub delivered_to: Option<VcpuId>,
 }
@@ -166,6 +178,9 @@ struct Core<P: Personality> {
     pmi_log: Vec<PmiRecord>,
     /// LVTPC deliveries queued for vCPUs other than the raising thread's.
     queued_lvtpc: Vec<QueuedPmi>,
+    /// Shared pCPU: a vCPU that was sent the PMU VIRQ while another ran, to run next (the
+    /// profiler flushes its sample sooner, as a hypervisor scheduler boosts a woken vCPU).
+    wake: Option<VcpuId>,
 }
 
 /// How the vCPUs of a run map to domains, host threads and pCPUs.
@@ -191,6 +206,12 @@ pub struct Machine<P: Personality> {
     vcpus: Vec<(VcpuId, Vcpu)>,
     core: Mutex<Core<P>>,
     pages: Mutex<Vec<(u32, u64)>>,
+    /// Samples shipped through `port::BATCH` so far, by every vCPU (for progress reports).
+    shipped: Arc<AtomicU64>,
+    /// Shared pCPU: the domains whose exit ends the run (None: all of them).
+    finish_with: Option<Vec<u32>>,
+    /// Guest memory to copy into the results after the run: (domain, GPA, bytes).
+    peeks: Vec<(u32, u64, usize)>,
 }
 
 /// All PMU MSRs of both vendors: a PMU MSR of the other vendor must fault, not reach KVM.
@@ -232,6 +253,19 @@ impl<P: Personality> Machine<P> {
         arg: u64,
         layout: Layout,
     ) -> io::Result<Self> {
+        Self::with_images(kvm, personality, base_cpuid, &|_| image, arg, layout)
+    }
+
+    /// The VMs of `layout`, domain `d` running `image_of(d)` with RDI = `arg`; the vpmu in
+    /// self mode.
+    pub fn with_images<'i>(
+        kvm: &Kvm,
+        personality: P,
+        base_cpuid: &CpuId,
+        image_of: &dyn Fn(u32) -> &'i [u8],
+        arg: u64,
+        layout: Layout,
+    ) -> io::Result<Self> {
         let mut cpuid = base_cpuid.clone();
         personality.cpuid(&mut cpuid);
         let (domains, per_domain, pcpu_count) = match layout {
@@ -241,7 +275,7 @@ impl<P: Personality> Machine<P> {
         let mut vms = Vec::new();
         let mut vcpus = Vec::new();
         for domain in 0..domains {
-            let (vm, entry) = Vm::new(kvm, &all_pmu_msr_ranges(), image)?;
+            let (vm, entry) = Vm::new(kvm, &all_pmu_msr_ranges(), image_of(domain))?;
             for i in 0..per_domain {
                 let rsp = STACK_TOP - u64::from(i) * STACK_SIZE;
                 let rsi = match layout {
@@ -272,8 +306,12 @@ impl<P: Personality> Machine<P> {
                 physical_masked: vec![false; pcpu_count as usize],
                 pmi_log: Vec::new(),
                 queued_lvtpc: Vec::new(),
+                wake: None,
             }),
             pages: Mutex::new(Vec::new()),
+            shipped: Arc::new(AtomicU64::new(0)),
+            finish_with: None,
+            peeks: Vec::new(),
         })
     }
 
@@ -295,8 +333,12 @@ impl<P: Personality> Machine<P> {
             vcpus,
             core,
             pages,
+            shipped,
+            finish_with,
+            peeks,
         } = self;
         let count = vcpus.len() as u32;
+        let vcpu_ids: Vec<VcpuId> = vcpus.iter().map(|&(id, _)| id).collect();
         let tsc_khz = vcpus
             .first()
             .and_then(|(_, v)| v.fd.get_tsc_khz().ok())
@@ -310,6 +352,7 @@ impl<P: Personality> Machine<P> {
             counts: &counts,
             core: &core,
             pages: &pages,
+            shipped: &shipped,
             vcpu,
             me,
             pcpu: if shared { 0 } else { i as u32 },
@@ -323,10 +366,37 @@ impl<P: Personality> Machine<P> {
             run_ns: 0,
             fed_cycles: 0,
             slices: 0,
+            activity: platform::VmmActivity::Other,
         });
-        if shared {
-            return sched::run_shared(runners.collect(), timeout);
+        let mut results = if shared {
+            sched::run_shared(runners.collect(), timeout, finish_with.as_deref())
+        } else {
+            Self::run_threads(runners, timeout)
+        };
+        for (domain, gpa, len) in peeks {
+            let bytes = vms[domain as usize]
+                .mem
+                .slice_mut(gpa, len)
+                .map(|b| b.to_vec());
+            // The first vCPU of the domain carries its domain's peeks.
+            let first = vcpu_ids.iter().position(|id| id.domain == domain);
+            if let (Some(bytes), Some(r)) = (bytes, first.and_then(|i| results.get_mut(i))) {
+                r.peeked.push((gpa, bytes));
+            }
         }
+        results
+    }
+
+    fn run_threads<'r>(
+        runners: impl Iterator<Item = Runner<'r, P>>,
+        timeout: Duration,
+    ) -> Vec<RunResult>
+    where
+        P: Sync + 'r,
+        P::Model: Send,
+        P::Backend: Send,
+        Ctx<P>: Send,
+    {
         std::thread::scope(|s| {
             let handles: Vec<_> = runners
                 .map(|runner| s.spawn(move || runner.run(timeout)))
@@ -341,6 +411,32 @@ impl<P: Personality> Machine<P> {
                 })
                 .collect()
         })
+    }
+
+    /// Domain `domain`'s guest memory (to configure a guest before the run).
+    pub fn memory(&self, domain: u32) -> Option<&GuestMem> {
+        self.vms.get(domain as usize).map(|vm| &vm.mem)
+    }
+
+    /// A counter of the samples the guests ship through `port::BATCH` during `run` (shared,
+    /// for a progress display on another thread).
+    pub fn shipped_samples(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.shipped)
+    }
+
+    /// Shared pCPU: the run ends when every domain in `domains` has written its exit status;
+    /// the others are stopped then (their results have no status and no error).
+    pub fn finish_with(&mut self, domains: Vec<u32>) {
+        self.finish_with = Some(domains);
+    }
+
+    /// After the run, copies `len` bytes at `gpa` of `domain`'s memory into the result of
+    /// that domain's first vCPU (`RunResult::peeked`): what a guest left in memory (None if
+    /// the range is outside guest memory).
+    pub fn peek_after_run(&mut self, domain: u32, gpa: u64, len: usize) -> Option<()> {
+        self.vms.get(domain as usize)?.mem.slice_mut(gpa, len)?;
+        self.peeks.push((domain, gpa, len));
+        Some(())
     }
 
     /// The guest TSC frequency KVM reports.

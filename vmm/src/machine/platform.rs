@@ -7,7 +7,7 @@ use kvm_bindings::{kvm_msi, kvm_sync_regs};
 use kvm_ioctls::VcpuFd;
 use vpmu::abi::{
     Page, Regs, XENPMU_REGS_MODE_16, XENPMU_REGS_MODE_32, XENPMU_REGS_MODE_64,
-    XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER,
+    XENPMU_REGS_MODE_HYPERVISOR, XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER,
 };
 use vpmu::{
     AllowAll, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform,
@@ -23,6 +23,70 @@ const LAPIC_SVR: usize = 0xF0;
 const LAPIC_LVTPC: usize = 0x340;
 const LVT_MASKED: u32 = 1 << 16;
 
+/// What the VMM was doing while a hypervisor sample was taken (hv mode): the exit it was
+/// handling. The VMM is a host process whose code addresses mean nothing to a guest, so a
+/// hypervisor sample's RIP is the activity's ID in a reserved range (`rip`), which
+/// `vpmu profile` names with `VmmActivity::symbols`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmmActivity {
+    /// A port I/O exit (console, slices, the profiler's idle loop).
+    PortIo = 0,
+    /// A PMU MSR exit handled by the vpmu core.
+    MsrAccess = 1,
+    /// The control-operation hypercall.
+    Hypercall = 2,
+    /// A kick (timed overflow or the end of a slice).
+    Kick = 3,
+    /// A single-step exit or anything else.
+    Other = 4,
+}
+
+impl VmmActivity {
+    /// The first reserved hypervisor RIP.
+    pub const RIP_BASE: u64 = 0xffff_ff00_0000_0000;
+    const STRIDE: u64 = 0x1000;
+    const ALL: [Self; 5] = [
+        Self::PortIo,
+        Self::MsrAccess,
+        Self::Hypercall,
+        Self::Kick,
+        Self::Other,
+    ];
+
+    /// The RIP of a hypervisor sample taken during this activity.
+    pub fn rip(self) -> u64 {
+        Self::RIP_BASE + self as u64 * Self::STRIDE
+    }
+
+    /// A symbol table naming every activity's RIP range: (start, length, name).
+    pub fn symbols() -> Vec<(u64, u64, String)> {
+        Self::ALL
+            .iter()
+            .map(|a| {
+                let name = match a {
+                    Self::PortIo => "vmm_port_io_exit",
+                    Self::MsrAccess => "vmm_pmu_msr_exit",
+                    Self::Hypercall => "vmm_xenpmu_hypercall",
+                    Self::Kick => "vmm_kick_exit",
+                    Self::Other => "vmm_other_exit",
+                };
+                (a.rip(), Self::STRIDE, name.to_string())
+            })
+            .collect()
+    }
+
+    /// The registers of a hypervisor sample (only the RIP, CS and mode are meaningful: the
+    /// VMM's own registers are no guest's business).
+    pub fn regs(self) -> Regs {
+        Regs {
+            rip: self.rip(),
+            cs: 0x8,
+            mode: XENPMU_REGS_MODE_64 | XENPMU_REGS_MODE_HYPERVISOR,
+            ..Regs::default()
+        }
+    }
+}
+
 /// Per-vCPU platform state kept across exits.
 #[derive(Debug, Default)]
 pub(super) struct PlatformState {
@@ -37,6 +101,9 @@ pub(super) struct PlatformState {
     pub(super) pmi_contexts: Vec<PmiContext>,
     /// The interrupted context of the last delivered PMI.
     pub(super) last_pmi: Option<PmiContext>,
+    /// Set while the PMIs raised by the VMM's own time are handled (hv mode): the VMM, not
+    /// the guest, was interrupted.
+    pub(super) hypervisor: Option<VmmActivity>,
 }
 
 /// At most this many PMI contexts are kept per vCPU.
@@ -92,6 +159,8 @@ pub(super) struct KvmPlatform<'a> {
     pub(super) physical_masked: &'a mut [bool],
     /// LVTPC deliveries waiting for their receivers' run loops (all vCPUs').
     pub(super) queued: &'a mut Vec<QueuedPmi>,
+    /// The vCPU to run next on a shared pCPU (sent the PMU VIRQ while not running).
+    pub(super) wake: &'a mut Option<VcpuId>,
     pub(super) state: &'a mut PlatformState,
 }
 
@@ -105,6 +174,19 @@ fn page_of(slot: PageSlot) -> (u32, u64) {
 }
 
 impl KvmPlatform<'_> {
+    /// Where the PMI being handled interrupted: the guest's context, or the VMM's (hv mode).
+    pub(super) fn interrupted_context(&self) -> PmiContext {
+        let regs = match self.state.hypervisor {
+            Some(activity) => activity.regs(),
+            None => self.state.regs,
+        };
+        PmiContext {
+            rip: regs.rip,
+            cpl: regs.cpl,
+            mode: regs.mode,
+        }
+    }
+
     /// Raises a PMI through this thread's vCPU's LVTPC (between runs): drops it if the LVTPC
     /// is masked or the APIC disabled, sets the mask first if `mask_on_delivery`, then an MSI
     /// or an NMI by delivery mode. On delivery, records `context` as the interrupted one.
@@ -204,12 +286,7 @@ impl Platform for KvmPlatform<'_> {
     }
 
     fn deliver_lvtpc_pmi(&mut self, vcpu: VcpuId, mask_on_delivery: bool) -> LvtpcDelivery {
-        let regs = &self.state.regs;
-        let context = PmiContext {
-            rip: regs.rip,
-            cpl: regs.cpl,
-            mode: regs.mode,
-        };
+        let context = self.interrupted_context();
         if vcpu == self.me {
             return if self.inject_lvtpc(mask_on_delivery, context) {
                 LvtpcDelivery::Delivered
@@ -232,6 +309,8 @@ impl Platform for KvmPlatform<'_> {
     fn raise_pmu_virq(&mut self, vcpu: VcpuId) {
         if vcpu == self.me {
             self.state.injected = Some(VIRQ_VECTOR);
+        } else {
+            *self.wake = Some(vcpu);
         }
         // An MSI through the receiver's VM (a VM ioctl: safe from any thread). For a vCPU that
         // is not running (another domain's on a shared pCPU) KVM only sets the IRR bit, and the
@@ -249,9 +328,15 @@ impl Platform for KvmPlatform<'_> {
     }
 
     fn interrupted(&self, _pcpu: u32) -> Interrupted {
-        Interrupted::Guest {
-            vcpu: self.me,
-            regs: self.state.regs,
+        match self.state.hypervisor {
+            Some(activity) => Interrupted::Hypervisor {
+                regs: activity.regs(),
+                on_behalf_of: Some((self.me, self.state.regs)),
+            },
+            None => Interrupted::Guest {
+                vcpu: self.me,
+                regs: self.state.regs,
+            },
         }
     }
 

@@ -1,6 +1,7 @@
 //! One vCPU thread: the run loop (entry, exit dispatch, PMI check) and migrations.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,7 @@ use kvm_bindings::kvm_sync_regs;
 use vpmu::{ExecMode, PmiOutcome, SoftwarePmu, VcpuId};
 
 use super::exit::{Exit, MsrHandler};
-use super::platform::{KvmPlatform, MAX_PMI_CONTEXTS, PlatformState, PmiContext, regs_of};
+use super::platform::{KvmPlatform, MAX_PMI_CONTEXTS, PlatformState, VmmActivity, regs_of};
 use super::timed::cycles_until_pmi;
 use super::{Core, PmiRecord, RunResult};
 use crate::guest::port;
@@ -28,6 +29,8 @@ pub(super) struct Runner<'a, P: Personality> {
     pub(super) counts: &'a [u32],
     pub(super) core: &'a Mutex<Core<P>>,
     pub(super) pages: &'a Mutex<Vec<(u32, u64)>>,
+    /// Samples shipped through `port::BATCH` by every vCPU of the run.
+    pub(super) shipped: &'a AtomicU64,
     pub(super) vcpu: Vcpu,
     pub(super) me: VcpuId,
     /// The pCPU (software PMU model) this thread is now; starts as the vCPU index and changes
@@ -48,6 +51,8 @@ pub(super) struct Runner<'a, P: Personality> {
     pub(super) fed_cycles: u64,
     /// Times this vCPU was scheduled in (its slices on a shared pCPU; 1 on its own thread).
     pub(super) slices: u32,
+    /// The exit the VMM handled last (what a hypervisor sample caught).
+    pub(super) activity: VmmActivity,
 }
 
 /// Timed mode on a shared pCPU: the longest slice.
@@ -218,6 +223,10 @@ impl<P: Personality> Runner<'_, P> {
             exits += 1;
             let (counting, until_pmi, queued) = {
                 let core = self.core.lock().expect("vpmu core lock");
+                if slice.is_some() && core.wake.is_some_and(|w| w != self.me) {
+                    // A vCPU on this pCPU was sent the PMU VIRQ: let it run now.
+                    return Ok(false);
+                }
                 let queued = core.queued_lvtpc.iter().any(|q| q.to == self.me);
                 let model = core.pcpus[self.pcpu()].hw();
                 let counting = self.personality.counting(model);
@@ -252,8 +261,12 @@ impl<P: Personality> Runner<'_, P> {
                 self.state.injected = None;
             }
             if let Some(t) = back.take() {
+                let vmm_time = t.elapsed();
                 result.user_time.0 += 1;
-                result.user_time.1 += t.elapsed().as_nanos() as u64;
+                result.user_time.1 += vmm_time.as_nanos() as u64;
+                if !precise {
+                    self.feed_vmm_cycles(vmm_time)?;
+                }
             }
             let entered = Instant::now();
             let exit = self.next_exit()?;
@@ -264,6 +277,16 @@ impl<P: Personality> Runner<'_, P> {
             if !precise {
                 self.feed_cycles(ran);
             }
+            self.activity = match &exit {
+                Exit::Rdmsr { .. } | Exit::Wrmsr { .. } => VmmActivity::MsrAccess,
+                Exit::In {
+                    port: port::HYPERCALL,
+                    ..
+                } => VmmActivity::Hypercall,
+                Exit::In { .. } | Exit::Out { .. } => VmmActivity::PortIo,
+                Exit::Kicked => VmmActivity::Kick,
+                Exit::Debug { .. } | Exit::Other(_) => VmmActivity::Other,
+            };
             match exit {
                 Exit::Debug { pc } => {
                     result.steps += 1;
@@ -306,6 +329,7 @@ impl<P: Personality> Runner<'_, P> {
                         result.status = Some(value);
                         return Ok(true);
                     }
+                    port::BATCH => self.copy_batch(u64::from(value), result)?,
                     port::CONTROL => {
                         self.handler = if value == 1 {
                             MsrHandler::Null
@@ -339,6 +363,31 @@ impl<P: Personality> Runner<'_, P> {
             }
             self.check_pmi()?;
         }
+    }
+
+    /// `outl(port::BATCH, gpa)`: copies the `struct sample_batch` at `gpa` (its header and
+    /// `count` samples) out of guest memory. A batch that does not fit guest memory or claims
+    /// more samples than `BATCH_CAPACITY` ends the run with an error: the guest is ours.
+    fn copy_batch(&mut self, gpa: u64, result: &mut RunResult) -> io::Result<()> {
+        use crate::profile::protocol::{BATCH_CAPACITY, BATCH_HEADER, SAMPLE_SIZE};
+        let bad = |what: &str| io::Error::other(format!("sample batch at {gpa:#x}: {what}"));
+        let header = self
+            .vm
+            .mem
+            .slice_mut(gpa, BATCH_HEADER)
+            .ok_or_else(|| bad("outside guest memory"))?;
+        let count = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
+        if count > BATCH_CAPACITY {
+            return Err(bad("more samples than a batch holds"));
+        }
+        let bytes = self
+            .vm
+            .mem
+            .slice_mut(gpa, BATCH_HEADER + count * SAMPLE_SIZE)
+            .ok_or_else(|| bad("outside guest memory"))?;
+        result.batches.push(bytes.to_vec());
+        self.shipped.fetch_add(count as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The guest's execution mode at the last exit.
@@ -387,14 +436,10 @@ impl<P: Personality> Runner<'_, P> {
                     _ => None,
                 };
                 if core.pmi_log.len() < MAX_PMI_CONTEXTS {
-                    let regs = &platform.state.regs;
                     core.pmi_log.push(PmiRecord {
                         running: platform.me,
-                        context: PmiContext {
-                            rip: regs.rip,
-                            cpl: regs.cpl,
-                            mode: regs.mode,
-                        },
+                        context: platform.interrupted_context(),
+                        hypervisor: platform.state.hypervisor.is_some(),
                         delivered_to,
                     });
                 }

@@ -1,5 +1,5 @@
 //! Several vCPUs, one per domain, time-sliced on ONE host thread, which is one pCPU (one
-//! software PMU model): round robin, a slice of `SLICE_EXITS` exits each, with
+//! software PMU model): round robin, a slice of `SLICE_EXITS` exits each (timed source: at most `SLICE_TIME`), with
 //! `Vpmu::context_switch` at every switch (it saves the outgoing vCPU's counters from the
 //! model and loads the incoming one's). Each VM has its own vCPU fd and `kvm_run` page; the
 //! thread's kicker is pointed at the page of the vCPU it runs.
@@ -17,14 +17,21 @@ use crate::personality::Personality;
 pub(super) const SLICE_EXITS: u64 = 7;
 
 /// Runs `runners` (all on the same pCPU) alternately until each writes its exit status,
-/// fails, or `timeout` passes. Results in the order of `runners`.
+/// fails, or `timeout` passes; with `finish_with`, until those domains' vCPUs have (the
+/// others are stopped). A vCPU sent the PMU VIRQ while another runs ends that slice and runs
+/// next. Results in the order of `runners`.
 pub(super) fn run_shared<P: Personality>(
     mut runners: Vec<Runner<'_, P>>,
     timeout: Duration,
+    finish_with: Option<&[u32]>,
 ) -> Vec<RunResult> {
     let start = Instant::now();
     let mut results = vec![RunResult::default(); runners.len()];
     let mut done = vec![false; runners.len()];
+    let required: Vec<bool> = runners
+        .iter()
+        .map(|r| finish_with.is_none_or(|d| d.contains(&r.me.domain)))
+        .collect();
     let Some(first) = runners.first_mut() else {
         return results;
     };
@@ -38,36 +45,53 @@ pub(super) fn run_shared<P: Personality>(
             return results;
         }
     };
-    while done.contains(&false) {
-        for (i, runner) in runners.iter_mut().enumerate() {
-            if done[i] {
-                continue;
+    let mut next = 0;
+    while done.iter().zip(&required).any(|(&d, &r)| r && !d) {
+        let i = next;
+        next = (i + 1) % runners.len();
+        if done[i] {
+            continue;
+        }
+        let runner = &mut runners[i];
+        kick.retarget(runner.vcpu.fd.get_kvm_run());
+        let (me, pcpu) = (runner.me, runner.pcpu);
+        let switched = with_core!(runner, |platform, core| {
+            if *platform.wake == Some(me) {
+                *platform.wake = None;
             }
-            kick.retarget(runner.vcpu.fd.get_kvm_run());
-            let (me, pcpu) = (runner.me, runner.pcpu);
-            let switched = with_core!(runner, |platform, core| core.vpmu.context_switch(
+            core.vpmu.context_switch(
                 &mut platform,
                 &mut core.pcpus,
                 &mut core.vcpus,
                 pcpu,
-                Some(me)
-            ));
-            runner.slices += 1;
-            let slice = switched
-                .map_err(|e| format!("context_switch: {e:?}"))
-                .and_then(|()| {
-                    runner
-                        .run_loop(timeout, start, &mut results[i], &kick, Some(SLICE_EXITS))
-                        .map_err(|e| e.to_string())
-                });
-            match slice {
-                Ok(finished) => done[i] = finished,
-                Err(e) => {
-                    results[i].error = Some(e);
-                    done[i] = true;
-                }
+                Some(me),
+            )
+        });
+        runner.slices += 1;
+        let slice = switched
+            .map_err(|e| format!("context_switch: {e:?}"))
+            .and_then(|()| {
+                runner
+                    .run_loop(timeout, start, &mut results[i], &kick, Some(SLICE_EXITS))
+                    .map_err(|e| e.to_string())
+            });
+        match slice {
+            Ok(finished) => done[i] = finished,
+            Err(e) => {
+                results[i].error = Some(e);
+                done[i] = true;
             }
         }
+        // The boost: a vCPU that was sent the PMU VIRQ runs next.
+        let woken = runner.core.lock().expect("vpmu core lock").wake;
+        if let Some(w) = woken.and_then(|w| runners.iter().position(|r| r.me == w)) {
+            if !done[w] {
+                next = w;
+            }
+        }
+    }
+    for (result, finished) in results.iter_mut().zip(&done) {
+        result.stopped = !finished;
     }
     // Take the last vCPU off the pCPU (saves its context).
     if let Some(runner) = runners.first_mut() {

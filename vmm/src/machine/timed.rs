@@ -1,10 +1,13 @@
 //! The timed event source: the duration of each `KVM_RUN`, in TSC ticks, fed as core and
 //! reference cycles; the overflow deadline is found by bisection on copies of the model.
 
+use std::io;
 use std::time::Duration;
 
+use vpmu::abi::XENPMU_MODE_HV;
 use vpmu::{ExecMode, HwEvent, SoftwarePmu};
 
+use super::PRIVILEGED_DOMAIN;
 use super::runner::Runner;
 use crate::personality::Personality;
 
@@ -24,6 +27,33 @@ impl<P: Personality> Runner<'_, P> {
         let model = core.pcpus[self.pcpu()].hw_mut();
         model.count(HwEvent::CoreCycles, cycles, mode);
         model.count(HwEvent::RefCycles, cycles, mode);
+    }
+}
+
+impl<P: Personality> Runner<'_, P> {
+    /// hv mode: the VMM's own time between two runs of the privileged profiler's vCPU, fed
+    /// as hypervisor-mode cycles into the pCPU's counters (which then hold the profiler's
+    /// context: a hypervisor keeps the privileged domain's counters running across VM exits
+    /// in hv mode, and stops every other domain's). A PMI it raises interrupted the VMM.
+    pub(super) fn feed_vmm_cycles(&mut self, vmm_time: Duration) -> io::Result<()> {
+        let cycles = (vmm_time.as_nanos() * u128::from(self.tsc_khz) / 1_000_000) as u64;
+        {
+            let mut core = self.core.lock().expect("vpmu core lock");
+            if core.vpmu.mode() != XENPMU_MODE_HV
+                || self.me.domain != PRIVILEGED_DOMAIN
+                || cycles == 0
+            {
+                return Ok(());
+            }
+            let host = ExecMode { cpl: 0, host: true };
+            let model = core.pcpus[self.pcpu()].hw_mut();
+            model.count(HwEvent::CoreCycles, cycles, host);
+            model.count(HwEvent::RefCycles, cycles, host);
+        }
+        self.state.hypervisor = Some(self.activity);
+        let handled = self.check_pmi();
+        self.state.hypervisor = None;
+        handled
     }
 }
 

@@ -1,0 +1,57 @@
+/* The protocol between `vpmu profile` (src/profile/) and its guests (profiler.c, work.c):
+ * a configuration the VMM writes before the run at the symbol `profile_config`, and batches of
+ * samples a sampler guest ships with `outl(PORT_BATCH, batch address)`. The VMM is only the
+ * transport: every sample is what the guest read from its xenpmu page. Mirrored in Rust by
+ * src/profile/protocol.rs (sizes checked on both sides). */
+#ifndef PROFILE_H
+#define PROFILE_H
+#include "pmu.h"
+#include "xenpmu.h"
+
+#define PORT_BATCH 0x16
+#define PROFILE_CONFIG_MAGIC 0x464f5250u /* "PROF" */
+#define SAMPLE_BATCH_MAGIC 0x48435442u   /* "BTCH" */
+#define BATCH_CAPACITY 64
+
+#define ROLE_PROFILER 1
+#define ROLE_WORKLOAD 2
+
+struct profile_config {
+    u32 magic;    /* PROFILE_CONFIG_MAGIC once the VMM wrote it */
+    u32 role;     /* ROLE_* */
+    u32 mode;     /* XENPMU_MODE_ALL, _HV or _SELF: what the run measures */
+    u32 workload; /* the built-in workload (1..3) of a workload domain */
+    u64 period;   /* mean cycles between samples; 0: do not sample (the baseline run) */
+    u64 jitter;   /* the period varies by -jitter/2..+jitter/2 (jitter + 1 a power of two) */
+    u64 duration; /* TSC ticks to sample for */
+};
+_Static_assert(sizeof(struct profile_config) == 40, "profile_config layout");
+
+/* One sample: the page's identity and flags and the full register set, as read. */
+struct batch_sample {
+    u32 domain_id, vcpu_id, pcpu_id, flags;
+    xenpmu_regs regs;
+};
+_Static_assert(sizeof(struct batch_sample) == 16 + sizeof(xenpmu_regs), "batch_sample layout");
+
+struct sample_batch {
+    u32 magic;      /* SAMPLE_BATCH_MAGIC */
+    u32 count;      /* samples in this batch */
+    u64 sequence;   /* 0, 1, 2, ... per shipping guest */
+    u64 dropped;    /* the page's dropped_samples (cumulative, written by the hypervisor) */
+    u64 lost;       /* samples the guest read but could not buffer (cumulative) */
+    struct batch_sample samples[BATCH_CAPACITY];
+};
+
+/* The run's configuration (profiler.c / work.c define it). */
+extern volatile struct profile_config profile_config;
+
+/* sampler.c: the sampling half shared by the profiler and self-profiling workloads. */
+int sampler_start(void);     /* page, LVTPC, counter 0 = cycles (USR+OS+INT); 0 or failures */
+void sampler_ship(void);     /* ships the samples buffered so far (CPL0) */
+int sampler_ship_due(void);  /* a batch is half full or 50 ms passed since the last ship */
+int sampler_stop(void);      /* stops the counter, ships the rest; 0 or failures */
+extern volatile u64 sampler_samples, sampler_lost, sampler_errors;
+extern xenpmu_page sampler_page;
+
+#endif

@@ -1,0 +1,123 @@
+/* The sampling half of the profile guests: register the xenpmu page, program counter 0 to count
+ * cycles (USR + OS, interrupt on overflow, a jittered period), and for each PMU VIRQ read the
+ * sample from the page (identity, flags, every register), acknowledge and re-arm the counter
+ * through the page's vendor area, flush. Samples wait in one of two batch buffers; the
+ * non-interrupt side ships the full one (`outl` needs CPL0, so a CPL3 workload ships between
+ * its chunks). In all mode the page carries the pCPU's system-wide context and samples of every
+ * domain; in self and hv mode the vCPU's own context (and, for the privileged profiler in hv
+ * mode, samples of the hypervisor). */
+#include "profile.h"
+
+xenpmu_page sampler_page __attribute__((aligned(4096)));
+static struct sample_batch batches[2];
+static volatile u32 filling; /* the batch the VIRQ hook appends to */
+static volatile int stopping;
+static u64 shipped_sequence, last_ship_tsc;
+static u32 counter_msr;
+static u64 rng = 0x2545f4914f6cdd1dul;
+volatile u64 sampler_samples, sampler_lost, sampler_errors;
+
+static u64 next_preset(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    u64 j = profile_config.jitter;
+    u64 period = profile_config.period - j / 2 + (rng & j);
+    if (period < 1000) period = 1000; /* a PMI costs far more than this */
+    /* Legacy Intel counters take 32 bits sign-extended: periods stay below 2^31. */
+    return (0 - period) & (intel && !fw_write ? 0xfffffffful : mask48());
+}
+
+static void take_sample(void) {
+    xenpmu_page *pg = &sampler_page;
+    __asm__ volatile("" ::: "memory"); /* the hypervisor wrote the page */
+    if (xenpmu_page_check(pg) != 0) {
+        sampler_errors++;
+        return;
+    }
+    if (!(pg->pmu_flags & XENPMU_FLAG_CACHED)) return; /* already taken (the stop path) */
+    struct sample_batch *b = &batches[filling];
+    if (b->count < BATCH_CAPACITY) {
+        struct batch_sample *s = &b->samples[b->count++];
+        s->domain_id = pg->identity.domain_id;
+        s->vcpu_id = pg->identity.vcpu_id;
+        s->pcpu_id = pg->identity.pcpu_id;
+        s->flags = pg->pmu_flags;
+        s->regs = pg->regs;
+        sampler_samples++;
+    } else {
+        sampler_lost++;
+    }
+    int bad;
+    if (intel) {
+        xenpmu_intel_ctxt c;
+        xenpmu_counter_pair pair;
+        bad = xenpmu_intel_ctxt_get(pg, &c) || xenpmu_intel_pair_get(pg, 0, &pair);
+        if (!bad) {
+            c.global_ovf_ctrl |= 1;
+            pair.counter = next_preset();
+            if (stopping) pair.control = 0;
+            bad = xenpmu_intel_ctxt_set(pg, &c) || xenpmu_intel_pair_set(pg, 0, &pair);
+        }
+    } else {
+        xenpmu_amd_ctxt c;
+        bad = xenpmu_amd_ctxt_get(pg, &c);
+        if (!bad) {
+            c.global_status &= ~1ul;
+            bad = xenpmu_amd_ctxt_set(pg, &c) || xenpmu_amd_counter_set(pg, 0, next_preset()) ||
+                  (stopping && xenpmu_amd_ctrl_set(pg, 0, 0));
+        }
+    }
+    struct params p = {1, 0, 0, 0, 0};
+    if (bad || hypercall(XENPMU_OP_FLUSH, &p) != 0) sampler_errors++;
+}
+
+int sampler_start(void) {
+    int failed = 0;
+    struct params ip = {1, 0, (u64)&sampler_page >> 12, 0, 0};
+    failed += hypercall(XENPMU_OP_INIT, &ip) != 0;
+    failed += xenpmu_page_check(&sampler_page) != 0;
+    sampler_page.lapic_lvtpc = PMI_VECTOR;
+    struct params lp = {1, 0, 0, 0, 0};
+    failed += hypercall(XENPMU_OP_LVTPC_SET, &lp) != 0;
+    virq_hook = take_sample;
+    counter_msr = intel && fw_write ? INTEL_A_PMC0 : ctr_msr(0);
+    if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 0);
+    failed += wrmsr_safe(counter_msr, next_preset());
+    failed += wrmsr_safe(ctl_msr(0), ev_cycles() | USR | OS | INT | EN);
+    if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 1);
+    last_ship_tsc = rdtsc();
+    return failed;
+}
+
+void sampler_ship(void) {
+    __asm__ volatile("cli" ::: "memory");
+    u32 full = filling;
+    filling = full ^ 1;
+    __asm__ volatile("sti" ::: "memory");
+    struct sample_batch *b = &batches[full];
+    last_ship_tsc = rdtsc();
+    if (b->count == 0) return;
+    b->magic = SAMPLE_BATCH_MAGIC;
+    b->sequence = shipped_sequence++;
+    b->dropped = sampler_page.dropped_samples;
+    b->lost = sampler_lost;
+    outl(PORT_BATCH, (u32)(u64)b);
+    b->count = 0;
+}
+
+int sampler_ship_due(void) {
+    return batches[filling].count >= BATCH_CAPACITY / 2 || rdtsc() - last_ship_tsc > 100000000ul;
+}
+
+int sampler_stop(void) {
+    stopping = 1;
+    __asm__ volatile("cli" ::: "memory");
+    take_sample(); /* a sample still cached: take it and stop the counter through the page */
+    int failed = wrmsr_safe(ctl_msr(0), 0);
+    if (has_global()) failed |= wrmsr_safe(global_ctrl_msr(), 0);
+    __asm__ volatile("sti" ::: "memory");
+    sampler_ship();
+    sampler_ship();
+    return failed;
+}

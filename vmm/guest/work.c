@@ -1,0 +1,60 @@
+/* The built-in workload domains of `vpmu profile`: CPL3 loops (work_loops.S) whose functions' time
+ * shares are known by construction, run in chunks of ~10 ms through user_call. In self and hv
+ * mode the domain samples itself through its own page (sampler.c) and ships its samples between
+ * chunks; in all mode it never touches the PMU and runs until the VMM stops the run.
+ * `work_stats` tells the VMM how much work was done (the slowdown under profiling). */
+#include "profile.h"
+
+volatile struct profile_config profile_config;
+/* Completed rounds and the TSC ticks they took (whole chunks only). */
+volatile struct {
+    u64 rounds, ticks;
+} work_stats;
+
+u64 w1_main(u64 deadline);
+u64 w2_main(u64 deadline);
+u64 w3_main(u64 deadline);
+
+#define CHUNK_TICKS 20000000ul
+static u8 work_stack[16384] __attribute__((aligned(16)));
+
+int main(u64 arg, u64 domain) {
+    (void)arg;
+    (void)domain;
+    rt_init();
+    if (profile_config.magic != PROFILE_CONFIG_MAGIC || profile_config.role != ROLE_WORKLOAD) {
+        puts("work: no profile_config from the VMM\n");
+        return 2;
+    }
+    u64 (*fn)(u64) = profile_config.workload == 1   ? w1_main
+                     : profile_config.workload == 2 ? w2_main
+                     : profile_config.workload == 3 ? w3_main
+                                                    : 0;
+    if (!fn) {
+        puts("work: unknown workload\n");
+        return 2;
+    }
+    detect();
+    int sampling = profile_config.mode != XENPMU_MODE_ALL && profile_config.period != 0;
+    if (sampling && sampler_start() != 0) {
+        puts("work: cannot start sampling\n");
+        return 4;
+    }
+    u64 t0 = rdtsc();
+    while (!sampling || rdtsc() - t0 < profile_config.duration) {
+        u64 c0 = rdtsc();
+        u64 rounds = user_call(fn, c0 + CHUNK_TICKS, work_stack + sizeof(work_stack));
+        work_stats.ticks += rdtsc() - c0;
+        work_stats.rounds += rounds;
+        if (sampling && sampler_ship_due()) sampler_ship();
+    }
+    int stop_failed = sampling ? sampler_stop() : 0;
+    puts("work: samples ");
+    put_dec(sampler_samples);
+    puts(", lost ");
+    put_dec(sampler_lost);
+    puts(", errors ");
+    put_dec(sampler_errors);
+    puts("\n");
+    return stop_failed || sampler_errors ? 1 : 0;
+}
