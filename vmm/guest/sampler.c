@@ -112,10 +112,17 @@ int sampler_ship_due(void) {
 
 int sampler_stop(void) {
     stopping = 1;
+    int failed = 1;
     __asm__ volatile("cli" ::: "memory");
-    take_sample(); /* a sample still cached: take it and stop the counter through the page */
-    int failed = wrmsr_safe(ctl_msr(0), 0);
-    if (has_global()) failed |= wrmsr_safe(global_ctrl_msr(), 0);
+    /* A sample cached in the page: take it, which also stops the counter through the page. A
+     * PMU MSR write in the cached window faults, and a sample can arrive at any exit (even
+     * with interrupts off: the hypervisor writes the page, the VIRQ waits), so a faulting
+     * stop is retried after taking that sample. */
+    for (int tries = 0; tries < 4 && failed; tries++) {
+        take_sample();
+        failed = wrmsr_safe(ctl_msr(0), 0);
+        if (!failed && has_global()) failed = wrmsr_safe(global_ctrl_msr(), 0);
+    }
     __asm__ volatile("sti" ::: "memory");
     sampler_ship();
     sampler_ship();

@@ -1,5 +1,7 @@
 //! `vpmu`: the reference VMM of the vpmu project on KVM (kvm-ioctls/kvm-bindings).
 //!
+//! * `vpmu profile [options]`: system-wide sampling of guest domains by a privileged profiling
+//!   domain, per-domain reports, flamegraph, JSON, built-in validation (`profile::USAGE`).
 //! * `vpmu selftest [--vendor intel|amd|both] [-v]`: the guest conformance suite, a result table.
 //! * `vpmu bench [--vendor ...]`: the cost of a PMU MSR exit handled by the vpmu vs a null handler.
 //!
@@ -13,7 +15,6 @@ mod kick;
 mod kvm;
 mod machine;
 mod personality;
-#[allow(dead_code)]
 mod profile;
 mod selftest;
 
@@ -23,7 +24,7 @@ use selftest::VendorChoice;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: vpmu selftest [--vendor intel|amd|both] [-v]\n       vpmu bench [--vendor intel|amd|both]"
+        "usage: vpmu profile [options]   (vpmu profile --help)\n       vpmu selftest [--vendor intel|amd|both] [-v]\n       vpmu bench [--vendor intel|amd|both]"
     );
     ExitCode::from(2)
 }
@@ -33,6 +34,9 @@ fn main() -> ExitCode {
     let Some(cmd) = args.first() else {
         return usage();
     };
+    if cmd == "profile" {
+        return profile_command(&args[1..]);
+    }
     let mut vendor = VendorChoice::Both;
     let mut verbose = false;
     let mut rest = args[1..].iter();
@@ -84,5 +88,42 @@ fn main() -> ExitCode {
             }
         },
         _ => usage(),
+    }
+}
+
+/// `vpmu profile`: exit 0 if every built-in check passed, 1 if one failed or the run broke,
+/// 2 for bad options, 77 without a usable /dev/kvm.
+fn profile_command(args: &[String]) -> ExitCode {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{}", profile::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    let options = match profile::Options::parse(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("vpmu profile: {e}\n{}", profile::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let kvm = match kvm::usable() {
+        Ok(kvm) => kvm,
+        Err(e) => {
+            eprintln!(
+                "vpmu profile: cannot run: /dev/kvm is not available ({e}). The guests run on \
+                 KVM; run this on a host with /dev/kvm readable and writable by this user."
+            );
+            return ExitCode::from(77);
+        }
+    };
+    match profile::profile(&kvm, &options) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("vpmu profile: a check FAILED (see the report)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("vpmu profile: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

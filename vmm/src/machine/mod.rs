@@ -121,6 +121,8 @@ pub struct RunResult {
     pub batches: Vec<Vec<u8>>,
     /// The VMM stopped this vCPU before it wrote an exit status (shared pCPU, `finish_with`).
     pub stopped: bool,
+    /// Nanoseconds this vCPU spent in `KVM_RUN` (timed source: its CPU time).
+    pub guest_ns: u128,
     /// Guest memory copied after the run (`Machine::peek_after_run`): (GPA, bytes).
     pub peeked: Vec<(u64, Vec<u8>)>,
 }
@@ -138,6 +140,8 @@ pub struct PmiRecord {
     pub hypervisor: bool,
     /// `Some(receiver)` if the core delivered it (LVTPC or a page sample), `None` otherwise.
     pub delivered_to: Option<VcpuId>,
+    /// The core routed it but dropped it (`PmiOutcome::Dropped`).
+    pub dropped: bool,
 }
 
 /// The vCPU table of every domain, in creation order (a handful of vCPUs: searched).
@@ -174,7 +178,7 @@ struct Core<P: Personality> {
     vcpus: Table<Ctx<P>>,
     /// The physical LVTPC mask of each pCPU.
     physical_masked: Vec<bool>,
-    /// The VMM's record of every PMI handled (the first `MAX_PMI_CONTEXTS`).
+    /// The VMM's record of every PMI handled (the first `MAX_PMI_LOG`).
     pmi_log: Vec<PmiRecord>,
     /// LVTPC deliveries queued for vCPUs other than the raising thread's.
     queued_lvtpc: Vec<QueuedPmi>,

@@ -9,7 +9,7 @@ use kvm_bindings::kvm_sync_regs;
 use vpmu::{ExecMode, PmiOutcome, SoftwarePmu, VcpuId};
 
 use super::exit::{Exit, MsrHandler};
-use super::platform::{KvmPlatform, MAX_PMI_CONTEXTS, PlatformState, VmmActivity, regs_of};
+use super::platform::{KvmPlatform, PlatformState, VmmActivity, regs_of};
 use super::timed::cycles_until_pmi;
 use super::{Core, PmiRecord, RunResult};
 use crate::guest::port;
@@ -54,6 +54,10 @@ pub(super) struct Runner<'a, P: Personality> {
     /// The exit the VMM handled last (what a hypervisor sample caught).
     pub(super) activity: VmmActivity,
 }
+
+/// At most this many PMIs are kept in the VMM's record (`RunResult::pmi_log`): a minute of
+/// sampling at 10 kHz fits.
+const MAX_PMI_LOG: usize = 1 << 20;
 
 /// Timed mode on a shared pCPU: the longest slice.
 pub(super) const SLICE_TIME: Duration = Duration::from_millis(1);
@@ -435,12 +439,13 @@ impl<P: Personality> Runner<'_, P> {
                     PmiOutcome::Delivered { to, .. } => Some(to),
                     _ => None,
                 };
-                if core.pmi_log.len() < MAX_PMI_CONTEXTS {
+                if core.pmi_log.len() < MAX_PMI_LOG {
                     core.pmi_log.push(PmiRecord {
                         running: platform.me,
                         context: platform.interrupted_context(),
                         hypervisor: platform.state.hypervisor.is_some(),
                         delivered_to,
+                        dropped: matches!(o, PmiOutcome::Dropped { .. }),
                     });
                 }
             }

@@ -45,10 +45,16 @@ pub(super) fn run_shared<P: Personality>(
             return results;
         }
     };
-    let mut next = 0;
+    // Round robin; a boosted vCPU runs out of turn without moving the rotation, so that the
+    // profiler's wake-ups do not starve the vCPUs after it.
+    let mut rotation = 0;
+    let mut boosted: Option<usize> = None;
     while done.iter().zip(&required).any(|(&d, &r)| r && !d) {
-        let i = next;
-        next = (i + 1) % runners.len();
+        let i = boosted.take().unwrap_or_else(|| {
+            let i = rotation;
+            rotation = (rotation + 1) % runners.len();
+            i
+        });
         if done[i] {
             continue;
         }
@@ -86,7 +92,7 @@ pub(super) fn run_shared<P: Personality>(
         let woken = runner.core.lock().expect("vpmu core lock").wake;
         if let Some(w) = woken.and_then(|w| runners.iter().position(|r| r.me == w)) {
             if !done[w] {
-                next = w;
+                boosted = Some(w);
             }
         }
     }
@@ -119,6 +125,7 @@ pub(super) fn run_shared<P: Personality>(
     for (result, runner) in results.iter_mut().zip(&runners) {
         result.elapsed = start.elapsed();
         result.pmis = runner.state.pmis;
+        result.guest_ns = runner.run_ns;
         result.pmi_contexts.clone_from(&runner.state.pmi_contexts);
     }
     results

@@ -38,25 +38,8 @@ impl Symbols {
     /// label) rather than functions. A zero-size symbol extends to the next symbol or end
     /// marker, or to the end of its section.
     pub fn from_elf(elf: &[u8]) -> Result<Symbols, String> {
-        if !elf.starts_with(b"\x7fELF") {
-            return Err("not an ELF file (bad magic)".to_string());
-        }
-        // `object` reads headers in place and refuses misaligned ones, which an
-        // `include_bytes!` image or a sub-slice may well be: parse an aligned copy then.
-        let aligned: Vec<u64>;
-        let elf = if elf.as_ptr().align_offset(8) == 0 {
-            elf
-        } else {
-            aligned = elf
-                .chunks(8)
-                .map(|c| {
-                    let mut word = [0u8; 8];
-                    word[..c.len()].copy_from_slice(c);
-                    u64::from_ne_bytes(word)
-                })
-                .collect();
-            &zerocopy::IntoBytes::as_bytes(aligned.as_slice())[..elf.len()]
-        };
+        let aligned = AlignedElf::new(elf)?;
+        let elf = aligned.bytes();
         let file = object::File::parse(elf).map_err(|e| format!("malformed ELF: {e}"))?;
         let table = file
             .symbol_table()
@@ -108,6 +91,18 @@ impl Symbols {
             return Err("ELF symbol table has no function symbols".to_string());
         }
         Ok(Self::resolve(candidates, boundaries))
+    }
+
+    /// The address and size of the symbol `name` (of any kind: a guest's configuration
+    /// variable, say) in `elf`, or None if it has none.
+    pub fn address_of(elf: &[u8], name: &str) -> Result<Option<(u64, u64)>, String> {
+        let aligned = AlignedElf::new(elf)?;
+        let file =
+            object::File::parse(aligned.bytes()).map_err(|e| format!("malformed ELF: {e}"))?;
+        Ok(file
+            .symbols()
+            .find(|s| s.name() == Ok(name))
+            .map(|s| (s.address(), s.size())))
     }
 
     /// Builds a table from `(start, len, name)` entries in any order. A zero `len` extends the
@@ -208,6 +203,41 @@ impl Symbols {
     }
 }
 
+/// An ELF image `object` can parse in place: it reads headers where they lie and refuses
+/// misaligned ones, which an `include_bytes!` image or a sub-slice may well be, so a
+/// misaligned image is copied to an aligned buffer.
+enum AlignedElf<'a> {
+    InPlace(&'a [u8]),
+    Copied(Vec<u64>, usize),
+}
+
+impl<'a> AlignedElf<'a> {
+    fn new(elf: &'a [u8]) -> Result<Self, String> {
+        if !elf.starts_with(b"\x7fELF") {
+            return Err("not an ELF file (bad magic)".to_string());
+        }
+        if elf.as_ptr().align_offset(8) == 0 {
+            return Ok(Self::InPlace(elf));
+        }
+        let words = elf
+            .chunks(8)
+            .map(|c| {
+                let mut word = [0u8; 8];
+                word[..c.len()].copy_from_slice(c);
+                u64::from_ne_bytes(word)
+            })
+            .collect();
+        Ok(Self::Copied(words, elf.len()))
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::InPlace(b) => b,
+            Self::Copied(words, len) => &zerocopy::IntoBytes::as_bytes(words.as_slice())[..*len],
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,6 +332,18 @@ mod tests {
         elf[0x3c..0x40].fill(0); // e_shnum, e_shstrndx
         let err = Symbols::from_elf(&elf).unwrap_err();
         assert!(err.contains("stripped"), "{err}");
+    }
+
+    #[test]
+    fn data_symbols_by_name() {
+        let (addr, size) = Symbols::address_of(crate::guest::WORK, "profile_config")
+            .expect("an ELF")
+            .expect("the work guest has profile_config");
+        assert!(addr >= 0x10_0000 && size == 40, "{addr:#x} {size}");
+        assert_eq!(
+            Symbols::address_of(crate::guest::WORK, "no_such_symbol"),
+            Ok(None)
+        );
     }
 
     #[test]

@@ -68,7 +68,9 @@ mod tests {
         for w in BUILT_IN {
             for &(f, _) in w.functions {
                 assert!(
-                    (0..0x40_0000u64).step_by(16).any(|ip| symbols.lookup(ip) == Some(f)),
+                    (0..0x40_0000u64)
+                        .step_by(16)
+                        .any(|ip| symbols.lookup(ip) == Some(f)),
                     "{f} not in work.elf"
                 );
             }

@@ -1,0 +1,196 @@
+//! The checks `vpmu profile` runs on itself: attribution against the VMM's independent record,
+//! the built-in workloads' shares against their construction, and the seed-002 check (a domain
+//! profiled passively in all mode and by itself in self mode agree on its top functions).
+
+use vpmu::VcpuId;
+
+use super::report::{Check, Report};
+use super::run::RunData;
+use super::sample::{Origin, ProfileSample};
+use super::workloads::Workload;
+
+/// How far a measured share may be from the construction, in percentage points.
+pub const SHARE_TOLERANCE_PP: f64 = 5.0;
+/// Fewer samples than this in a workload's functions make its share check fail (at 200
+/// samples the binomial standard deviation of a 50 % share is 3.5 points).
+pub const MIN_SHARE_SAMPLES: u64 = 200;
+
+/// Whether `sample` is what the VMM recorded for the PMI in `record`: the domain and vCPU that
+/// ran (or the hypervisor), the RIP and the privilege level.
+fn agrees(sample: &ProfileSample, record: &crate::machine::PmiRecord) -> bool {
+    let origin = if record.hypervisor {
+        Origin::Hypervisor
+    } else {
+        Origin::Domain(record.running.domain)
+    };
+    sample.origin == origin
+        && sample.vcpu == record.running.vcpu
+        && sample.rip == record.context.rip
+        && sample.user == (record.context.cpl == 3)
+}
+
+/// Attribution: every sample a guest shipped, in order, against the VMM's own record of the
+/// PMIs the core delivered to that guest, in order (what was running on the pCPU, where it
+/// was interrupted, whether the VMM itself was). 100 % or it fails.
+pub fn attribution(data: &RunData) -> Check {
+    let log = data.results.first().map_or(&[][..], |r| &r.pmi_log[..]);
+    let (mut samples, mut matched, mut problems) = (0u64, 0u64, Vec::new());
+    for (domain, shipment) in data.shipments.iter().enumerate() {
+        let Some(shipment) = shipment else { continue };
+        let receiver = VcpuId {
+            domain: domain as u32,
+            vcpu: 0,
+        };
+        let records: Vec<_> = log
+            .iter()
+            .filter(|r| r.delivered_to == Some(receiver))
+            .collect();
+        samples += shipment.samples.len() as u64;
+        matched += shipment
+            .samples
+            .iter()
+            .zip(&records)
+            .filter(|(s, r)| agrees(s, r))
+            .count() as u64;
+        if shipment.lost != 0 {
+            problems.push(format!(
+                "domain {domain} lost {} samples (its buffers were full)",
+                shipment.lost
+            ));
+        }
+        if shipment.samples.len() != records.len() {
+            problems.push(format!(
+                "domain {domain} shipped {} samples, the core delivered {} to it",
+                shipment.samples.len(),
+                records.len()
+            ));
+        }
+    }
+    let passed = samples > 0 && matched == samples && problems.is_empty();
+    let mut detail = format!(
+        "{matched} of {samples} samples agree with the VMM's record of their PMI (domain, vCPU, \
+         RIP, CPL, hypervisor) ({:.1} %)",
+        if samples == 0 {
+            0.0
+        } else {
+            100.0 * matched as f64 / samples as f64
+        }
+    );
+    for p in problems {
+        detail += "; ";
+        detail += &p;
+    }
+    Check {
+        name: "attribution 100 % (each sample = the VMM's record of what ran)".into(),
+        passed,
+        detail,
+    }
+}
+
+/// The measured shares of `workload`'s functions in domain `domain` of `report`, in percent of
+/// the samples in those functions, with that sample count.
+pub fn measured_shares(
+    report: &Report,
+    domain: u32,
+    workload: &Workload,
+) -> (Vec<(&'static str, f64)>, u64) {
+    let Some(d) = report
+        .domains
+        .iter()
+        .find(|d| d.origin == Origin::Domain(domain))
+    else {
+        return (Vec::new(), 0);
+    };
+    let count = |f: &str| {
+        d.functions
+            .iter()
+            .find(|r| r.name == f)
+            .map_or(0, |r| r.samples)
+    };
+    let total: u64 = workload.functions.iter().map(|&(f, _)| count(f)).sum();
+    let shares = workload
+        .functions
+        .iter()
+        .map(|&(f, _)| {
+            let pct = if total == 0 {
+                0.0
+            } else {
+                100.0 * count(f) as f64 / total as f64
+            };
+            (f, pct)
+        })
+        .collect();
+    (shares, total)
+}
+
+/// The built-in workloads' function shares within `SHARE_TOLERANCE_PP` of their construction
+/// (`workloads[i]` runs in domain `i + 1`; None for a user's guest).
+pub fn shares(report: &Report, workloads: &[Option<Workload>]) -> Vec<Check> {
+    workloads
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| Some((i as u32 + 1, (*w)?)))
+        .map(|(domain, w)| {
+            let (measured, total) = measured_shares(report, domain, &w);
+            let mut worst: f64 = 0.0;
+            let parts: Vec<String> = measured
+                .iter()
+                .zip(w.expected_percent())
+                .map(|(&(f, got), (_, want))| {
+                    worst = worst.max((got - want).abs());
+                    format!("{f} {got:.1} % (built {want:.1} %)")
+                })
+                .collect();
+            Check {
+                name: format!(
+                    "dom{domain} ({}) function shares within ±{SHARE_TOLERANCE_PP} points",
+                    w.label
+                ),
+                passed: total >= MIN_SHARE_SAMPLES && worst <= SHARE_TOLERANCE_PP,
+                detail: format!(
+                    "{}; {total} samples, worst {worst:.1} points{}",
+                    parts.join(", "),
+                    if total < MIN_SHARE_SAMPLES {
+                        format!(" (fewer than {MIN_SHARE_SAMPLES} samples)")
+                    } else {
+                        String::new()
+                    }
+                ),
+            }
+        })
+        .collect()
+}
+
+/// A domain's workload functions ranked by samples, most first (ties by name).
+fn ranking(report: &Report, domain: u32, workload: &Workload) -> Vec<&'static str> {
+    let (mut shares, _) = measured_shares(report, domain, workload);
+    shares.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    shares.into_iter().map(|(f, _)| f).collect()
+}
+
+/// Seed 002: each built-in workload domain profiled passively (all mode, `passive`) and by
+/// itself (self mode, `own`) ranks its functions the same way.
+pub fn passive_agrees_with_self(
+    passive: &Report,
+    own: &Report,
+    workloads: &[Option<Workload>],
+) -> Vec<Check> {
+    workloads
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| Some((i as u32 + 1, (*w)?)))
+        .map(|(domain, w)| {
+            let a = ranking(passive, domain, &w);
+            let b = ranking(own, domain, &w);
+            Check {
+                name: format!(
+                    "seed 002: dom{domain} ({}) profiled passively (all mode) and by itself \
+                     (self mode) ranks its functions alike",
+                    w.label
+                ),
+                passed: !a.is_empty() && a == b,
+                detail: format!("all mode: {}; self mode: {}", a.join(" > "), b.join(" > ")),
+            }
+        })
+        .collect()
+}
