@@ -9,9 +9,10 @@
 #include "xenpmu.h"
 
 #define PORT_BATCH 0x16
+#define PORT_YIELD 0x17 /* outl: give the pCPU up until the next turn (or a VIRQ) */
 #define PROFILE_CONFIG_MAGIC 0x464f5250u /* "PROF" */
 #define SAMPLE_BATCH_MAGIC 0x48435442u   /* "BTCH" */
-#define BATCH_CAPACITY 64
+#define BATCH_CAPACITY 256
 
 #define ROLE_PROFILER 1
 #define ROLE_WORKLOAD 2

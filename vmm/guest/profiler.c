@@ -1,8 +1,7 @@
 /* The privileged profiling domain of `vpmu profile` (domain 0): sets the run's mode, samples
  * through its xenpmu page (all mode: every domain on the pCPU; hv mode: itself and the
- * hypervisor), and ships the samples to the VMM in batches. Between samples it idles with port
- * reads, each an exit, so it gives the pCPU up quickly. In self mode it only sets the mode and
- * idles: the workloads sample themselves. */
+ * hypervisor), and ships the samples to the VMM in batches. Between samples it yields the
+ * pCPU. In self mode it only sets the mode and idles: the workloads sample themselves. */
 #include "profile.h"
 
 volatile struct profile_config profile_config;
@@ -29,8 +28,11 @@ int main(u64 arg, u64 domain) {
         return 4;
     }
     u64 t0 = rdtsc();
+    /* Block between samples: yield the pCPU; the PMU VIRQ brings the profiler back at once
+     * (the VMM runs a vCPU sent the VIRQ next). CPL0 code runs emulated and slowly here, so
+     * an idle loop that kept the pCPU would cost the workloads dearly. */
     while (rdtsc() - t0 < profile_config.duration) {
-        (void)inl(PORT_SLICES);
+        outl(PORT_YIELD, 0);
         if (sampling && sampler_ship_due()) sampler_ship();
     }
     int stop_failed = sampling ? sampler_stop() : 0;

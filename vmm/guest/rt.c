@@ -27,16 +27,17 @@ struct gate {
 
 static struct gate idt[256] __attribute__((aligned(16)));
 
+/* One string instruction each: CPL0 code is emulated at ~1.7 M instructions/s on this host's
+ * KVM, where a byte loop over a 168-byte register block costs a millisecond. */
 void *memset(void *d, int c, unsigned long n) {
-    u8 *p = d;
-    while (n--) *p++ = (u8)c;
+    void *p = d;
+    __asm__ volatile("rep stosb" : "+D"(p), "+c"(n) : "a"(c) : "memory");
     return d;
 }
 
 void *memcpy(void *d, const void *s, unsigned long n) {
-    u8 *p = d;
-    const u8 *q = s;
-    while (n--) *p++ = *q++;
+    void *p = d;
+    __asm__ volatile("rep movsb" : "+D"(p), "+S"(s), "+c"(n) : : "memory");
     return d;
 }
 

@@ -1,6 +1,7 @@
-/* The built-in workload domains of `vpmu profile`: CPL3 loops (work_loops.S) whose functions' time
- * shares are known by construction, run in chunks of ~10 ms through user_call. In self and hv
- * mode the domain samples itself through its own page (sampler.c) and ships its samples between
+/* The built-in workload domains of `vpmu profile`: CPL3 loops (work_loops.S) whose functions'
+ * time shares are known by construction, run in chunks of 50 M TSC ticks (~20 ms) through
+ * user_call (a round trip through CPL0 costs 120-250 us here, CPL0 being emulated). In self and
+ * hv mode the domain samples itself through its own page (sampler.c) and ships its samples between
  * chunks; in all mode it never touches the PMU and runs until the VMM stops the run.
  * `work_stats` tells the VMM how much work was done (the slowdown under profiling). */
 #include "profile.h"
@@ -15,7 +16,7 @@ u64 w1_main(u64 deadline);
 u64 w2_main(u64 deadline);
 u64 w3_main(u64 deadline);
 
-#define CHUNK_TICKS 20000000ul
+#define CHUNK_TICKS 50000000ul
 static u8 work_stack[16384] __attribute__((aligned(16)));
 
 int main(u64 arg, u64 domain) {

@@ -42,6 +42,9 @@ pub mod port {
     /// Sample batch (`vpmu profile`): `outl` with the guest-physical address of a
     /// `struct sample_batch` (`guest/profile.h`); the VMM copies it out.
     pub const BATCH: u16 = 0x16;
+    /// Yield: `outl` gives the pCPU up until the vCPU's next turn (on a shared pCPU the slice
+    /// ends; on its own thread nothing happens). A hypervisor's "block until an event".
+    pub const YIELD: u16 = 0x17;
 }
 
 const PT_LOAD: u32 = 1;

@@ -334,6 +334,10 @@ impl<P: Personality> Runner<'_, P> {
                         return Ok(true);
                     }
                     port::BATCH => self.copy_batch(u64::from(value), result)?,
+                    port::YIELD if slice.is_some() => {
+                        self.check_pmi()?;
+                        return Ok(false);
+                    }
                     port::CONTROL => {
                         self.handler = if value == 1 {
                             MsrHandler::Null

@@ -30,7 +30,7 @@ use vpmu_amd::PmuShape;
 
 use crate::machine::VmmActivity;
 use crate::personality::{Amd, Intel, Personality, Source};
-use report::{Check, DomainInfo, Report, RunInfo};
+use report::{DomainInfo, Report, RunInfo};
 use run::{DomainPlan, Mode, Plan, RunData};
 use sample::Origin;
 use symbols::Symbols;
@@ -41,8 +41,8 @@ pub const USAGE: &str = "\
 usage: vpmu profile [--duration SECONDS] [--frequency HZ] [--mode all|hv|self]
                     [--vendor intel|amd] [--guest ELF]... [--out DIR] [--top N]
                     [--no-compare] [--sweep] [--quiet]
-  --duration   seconds to sample (default 4)
-  --frequency  samples per second of CPU time (default 1000; 1..=20000)
+  --duration   seconds to sample (default 5)
+  --frequency  samples per second of CPU time (default 2000; 1..=20000)
   --mode       all: the profiler samples every domain (default); hv: every domain samples
                itself and the profiler also samples the VMM; self: every domain samples itself
   --vendor     the PMU the guests see: intel (architectural v5, default) or amd (PerfMonV2)
@@ -93,8 +93,8 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
-            duration: Duration::from_secs(4),
-            frequency: 1000,
+            duration: Duration::from_secs(5),
+            frequency: 2000,
             mode: Mode::All,
             vendor: Vendor::Intel,
             guests: Vec::new(),
@@ -223,8 +223,12 @@ pub struct Delivery {
     /// The counter's mean period (cycles = TSC ticks).
     pub period_cycles: u64,
     /// Samples the counters' overflows should have produced: the frequency times the CPU time
-    /// the sampled contexts ran (all mode: the pCPU's; self/hv: each sampler's own).
+    /// the sampled contexts ran (the counters count guest cycles: all mode, every domain's
+    /// time on the pCPU; self mode, each sampler's own; hv mode, also the VMM's time serving
+    /// the profiler, which is not included here).
     pub expected: u64,
+    /// The CPU time (seconds in `KVM_RUN`) of the sampled contexts.
+    pub sampled_cpu_s: f64,
     /// PMIs the core handled with an interrupt (generated).
     pub generated: u64,
     /// Samples the guests shipped.
@@ -233,7 +237,7 @@ pub struct Delivery {
     pub dropped: u64,
     /// Samples the guests read but could not buffer.
     pub lost_in_guest: u64,
-    /// Each workload domain's progress, rounds per million TSC ticks.
+    /// Each workload domain's progress: rounds of its loop per second of wall time.
     pub work_rates: Vec<f64>,
     /// Wall time of the run, seconds.
     pub wall_s: f64,
@@ -241,26 +245,23 @@ pub struct Delivery {
 
 impl Delivery {
     /// The numbers of `data`.
-    pub fn of(data: &RunData, duration: Duration) -> Self {
-        let profiler_only = data.mode == Mode::All;
-        let cpu_s: f64 = if profiler_only {
-            duration.as_secs_f64()
-        } else {
-            // Every domain samples its own time; the profiler (domain 0) idles, but samples
-            // too in hv mode.
-            data.results
-                .iter()
-                .enumerate()
-                .filter(|&(d, _)| d != 0 || data.mode == Mode::Hv)
-                .map(|(_, r)| r.guest_ns as f64 / 1e9)
-                .sum()
-        };
+    pub fn of(data: &RunData) -> Self {
+        // All mode: the pCPU's counter, every domain's time. Self/hv: each sampler's own; the
+        // profiler (domain 0) samples only in hv mode.
+        let cpu_s: f64 = data
+            .results
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != 0 || data.mode != Mode::SelfOnly)
+            .map(|(_, r)| r.guest_ns as f64 / 1e9)
+            .sum();
         let stats = data.results.iter().filter_map(|r| r.stats);
         Self {
             mode: data.mode.name(),
             frequency_hz: data.frequency,
             period_cycles: data.period,
             expected: (data.frequency as f64 * cpu_s).round() as u64,
+            sampled_cpu_s: cpu_s,
             generated: stats.clone().map(|s| s.pmis_generated).sum(),
             delivered: data.samples().count() as u64,
             dropped: stats.map(|s| s.pmis_dropped).sum(),
@@ -269,7 +270,7 @@ impl Delivery {
                 .work
                 .iter()
                 .flatten()
-                .map(run::WorkStats::rate)
+                .map(|w| w.rate(data.tsc_khz))
                 .collect(),
             wall_s: data.wall.as_secs_f64(),
         }
@@ -415,11 +416,11 @@ fn profile_with<P: Personality + Copy + Sync>(
             &built_in,
         ));
         own_report.checks = validate::shares(&own_report, &built_in);
-        Some((own_report, Delivery::of(&own, options.duration)))
+        Some((own_report, Delivery::of(&own)))
     } else {
         None
     };
-    let delivery = Delivery::of(&data, options.duration);
+    let delivery = Delivery::of(&data);
     let text = format!(
         "{}\ndelivery: {} samples expected, {} PMIs, {} delivered, {} dropped by the vpmu, \
          {} lost in the guest; run took {:.1} s\n",

@@ -13,7 +13,7 @@ pub const CONFIG_MAGIC: u32 = 0x464f_5250;
 /// `SAMPLE_BATCH_MAGIC` ("BTCH").
 pub const BATCH_MAGIC: u32 = 0x4843_5442;
 /// `BATCH_CAPACITY`: samples per batch at most.
-pub const BATCH_CAPACITY: usize = 64;
+pub const BATCH_CAPACITY: usize = 256;
 /// `ROLE_PROFILER`.
 pub const ROLE_PROFILER: u32 = 1;
 /// `ROLE_WORKLOAD`.

@@ -139,6 +139,7 @@ impl DomainReport {
     }
 
     /// The share of this domain's samples in `function`, in percent (0 if never sampled).
+    #[cfg(test)]
     pub fn percent_of(&self, function: &str) -> f64 {
         self.functions
             .iter()
@@ -147,6 +148,7 @@ impl DomainReport {
     }
 
     /// The most sampled function, if any sample was taken.
+    #[cfg(test)]
     pub fn top(&self) -> Option<&FunctionRow> {
         self.functions.first()
     }
@@ -247,6 +249,7 @@ impl Report {
     }
 
     /// Total samples over all domains.
+    #[cfg(test)]
     pub fn total_samples(&self) -> u64 {
         self.domains.iter().map(|d| d.samples).sum()
     }
@@ -348,6 +351,7 @@ impl Report {
     }
 
     /// Writes the report as pretty JSON into `path`.
+    #[cfg(test)]
     pub fn write_json(&self, path: &Path) -> io::Result<()> {
         let json = serde_json::to_string_pretty(self).map_err(io::Error::other)?;
         std::fs::write(path, json + "\n")

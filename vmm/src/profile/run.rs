@@ -94,12 +94,12 @@ pub struct WorkStats {
 }
 
 impl WorkStats {
-    /// Rounds per million TSC ticks (0 when nothing ran).
-    pub fn rate(&self) -> f64 {
+    /// Rounds per second at `tsc_khz` (0 when nothing ran).
+    pub fn rate(&self, tsc_khz: u64) -> f64 {
         if self.ticks == 0 {
             0.0
         } else {
-            self.rounds as f64 * 1e6 / self.ticks as f64
+            self.rounds as f64 * tsc_khz as f64 * 1000.0 / self.ticks as f64
         }
     }
 }

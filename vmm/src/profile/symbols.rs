@@ -193,11 +193,13 @@ impl Symbols {
     }
 
     /// How many functions the table holds.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Whether the table holds no functions.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
