@@ -30,6 +30,8 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     // `vpmu profile`: the profiling domain and the workload domains.
     ("profiler", &["profiler.c", "sampler.c", "driver.c"]),
     ("work", &["work.c", "work_loops.S", "sampler.c", "driver.c"]),
+    // An example of a user's guest for `vpmu profile --guest` (used by tests/profile.rs).
+    ("example", &["example.c"]),
 ];
 
 const CFLAGS: &[&str] = &[

@@ -139,11 +139,41 @@ fn hv_mode_amd() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// User guests: the example guest (`guest/example.c`, built by build.rs) in two domains,
+/// profiled passively and symbolized from its own ELF.
+fn user_guests() {
+    let out = out_dir("user");
+    let example = concat!(env!("OUT_DIR"), "/example.elf");
+    let args = ["--guest", example, "--guest", example, "--duration", "3"];
+    let Some((doc, _)) = profile(&args, &out) else {
+        return;
+    };
+    let checks = check_names(&doc);
+    assert_eq!(
+        checks.len(),
+        1,
+        "only attribution without the built-in workloads: {checks:?}"
+    );
+    assert!(checks[0].1, "{checks:?}");
+    for d in [1, 2] {
+        let dom = domain(&doc, &serde_json::json!({ "Domain": d }));
+        assert_eq!(dom["name"], "example.elf", "{dom}");
+        assert_eq!(dom["functions"][0]["name"], "example_sort", "{dom}");
+        assert_eq!(dom["functions"][1]["name"], "example_hash", "{dom}");
+    }
+    assert!(
+        doc["comparison"].is_null(),
+        "no seed-002 run for user guests"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// One after the other: two profiles competing for the host's CPUs would skew both.
 #[test]
 fn profile_end_to_end() {
     default_all_mode();
     hv_mode_amd();
+    user_guests();
 }
 
 #[test]

@@ -482,7 +482,7 @@ mod tests {
         let o = Options::parse(&[]).expect("defaults");
         assert_eq!(
             (o.mode, o.vendor, o.frequency, o.top),
-            (Mode::All, Vendor::Intel, 1000, 10)
+            (Mode::All, Vendor::Intel, 2000, 10)
         );
         assert!(o.compare && !o.sweep && o.guests.is_empty());
     }

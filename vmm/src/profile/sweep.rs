@@ -136,11 +136,10 @@ pub fn sweep<P: Personality + Copy + Sync>(
         .collect();
     let base_rates: Vec<Vec<f64>> = baselines.iter().map(|b| b.work_rates.clone()).collect();
     let mut out = format!(
-        "{}: {} workload domains and the profiler on one pCPU; {ROUNDS} rounds of {:.1} s runs,          each round a baseline without sampling and every configuration; medians
-         baseline work rates by round (rounds/s per workload domain): {}
-
-         {:<5} {:>6} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>11}
-",
+        "{}: {} workload domains and the profiler on one pCPU; {ROUNDS} rounds of {:.1} s runs, \
+         each a baseline without sampling and every configuration; medians\n\
+         baseline work rates by round (rounds/s per workload domain): {}\n\n\
+         {:<5} {:>6} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>11}\n",
         p.name(),
         workloads.len(),
         options.duration.as_secs_f64(),

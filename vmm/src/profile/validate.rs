@@ -182,15 +182,183 @@ pub fn passive_agrees_with_self(
         .map(|(domain, w)| {
             let a = ranking(passive, domain, &w);
             let b = ranking(own, domain, &w);
+            let sampled = |r: &Report| measured_shares(r, domain, &w).1 > 0;
+            let both_sampled = sampled(passive) && sampled(own);
             Check {
                 name: format!(
                     "seed 002: dom{domain} ({}) profiled passively (all mode) and by itself \
                      (self mode) ranks its functions alike",
                     w.label
                 ),
-                passed: !a.is_empty() && a == b,
+                passed: both_sampled && a == b,
                 detail: format!("all mode: {}; self mode: {}", a.join(" > "), b.join(" > ")),
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::{PmiContext, PmiRecord, RunResult};
+    use crate::profile::protocol::Shipment;
+    use crate::profile::run::{Mode, RunData};
+    use std::time::Duration;
+    use vpmu::abi::Regs;
+
+    const PROFILER: VcpuId = VcpuId { domain: 0, vcpu: 0 };
+
+    fn record(domain: u32, rip: u64, cpl: u8, hypervisor: bool) -> PmiRecord {
+        PmiRecord {
+            running: VcpuId { domain, vcpu: 0 },
+            context: PmiContext { rip, cpl, mode: 0 },
+            hypervisor,
+            delivered_to: Some(PROFILER),
+            dropped: false,
+        }
+    }
+
+    fn sample(origin: Origin, rip: u64, user: bool) -> ProfileSample {
+        ProfileSample {
+            origin,
+            vcpu: 0,
+            pcpu: 0,
+            rip,
+            user,
+            regs: Regs::default(),
+            shipped_by: 0,
+        }
+    }
+
+    fn data(log: Vec<PmiRecord>, samples: Vec<ProfileSample>) -> RunData {
+        RunData {
+            mode: Mode::All,
+            frequency: 1000,
+            tsc_khz: 1_000_000,
+            period: 1_000_000,
+            results: vec![
+                RunResult {
+                    pmi_log: log,
+                    ..RunResult::default()
+                },
+                RunResult::default(),
+            ],
+            shipments: vec![
+                Some(Shipment {
+                    samples,
+                    ..Shipment::default()
+                }),
+                None,
+            ],
+            work: vec![None, None],
+            wall: Duration::from_secs(1),
+        }
+    }
+
+    fn log() -> Vec<PmiRecord> {
+        vec![
+            record(1, 0x1000, 3, false),
+            record(0, 0x2000, 0, false),
+            record(1, VmmActivityRip::RIP, 0, true),
+        ]
+    }
+
+    struct VmmActivityRip;
+    impl VmmActivityRip {
+        const RIP: u64 = crate::machine::VmmActivity::RIP_BASE;
+    }
+
+    #[test]
+    fn attribution_holds_when_every_sample_is_its_record() {
+        let samples = vec![
+            sample(Origin::Domain(1), 0x1000, true),
+            sample(Origin::Domain(0), 0x2000, false),
+            sample(Origin::Hypervisor, VmmActivityRip::RIP, false),
+        ];
+        let check = attribution(&data(log(), samples));
+        assert!(check.passed, "{}", check.detail);
+        assert!(check.detail.starts_with("3 of 3"));
+    }
+
+    #[test]
+    fn any_disagreement_fails_attribution() {
+        let good = [
+            sample(Origin::Domain(1), 0x1000, true),
+            sample(Origin::Domain(0), 0x2000, false),
+            sample(Origin::Hypervisor, VmmActivityRip::RIP, false),
+        ];
+        // Wrong domain, wrong RIP, wrong privilege, guest instead of hypervisor.
+        let wrong = [
+            sample(Origin::Domain(2), 0x1000, true),
+            sample(Origin::Domain(1), 0x1001, true),
+            sample(Origin::Domain(1), 0x1000, false),
+        ];
+        for w in wrong {
+            let mut s = good.to_vec();
+            s[0] = w;
+            assert!(!attribution(&data(log(), s)).passed, "{w:?}");
+        }
+        let mut s = good.to_vec();
+        s[2] = sample(Origin::Domain(1), VmmActivityRip::RIP, false);
+        assert!(!attribution(&data(log(), s)).passed);
+        // A sample the core never delivered, or one missing.
+        let mut extra = good.to_vec();
+        extra.push(sample(Origin::Domain(1), 0x1000, true));
+        let check = attribution(&data(log(), extra));
+        assert!(!check.passed && check.detail.contains("shipped 4 samples"));
+        assert!(!attribution(&data(log(), good[..2].to_vec())).passed);
+        // Nothing at all is not a pass.
+        assert!(!attribution(&data(Vec::new(), Vec::new())).passed);
+    }
+
+    /// A report of domain 1 (workload 1) with `deflate` and `checksum` samples.
+    fn w1_report(deflate: u64, checksum: u64) -> Report {
+        use crate::profile::report::{DomainInfo, RunInfo};
+        use crate::profile::symbols::Symbols;
+        let symbols = Symbols::from_table(vec![
+            (0x1000, 0x100, "w1_deflate".into()),
+            (0x2000, 0x100, "w1_checksum".into()),
+        ]);
+        let mut samples = Vec::new();
+        samples.extend((0..deflate).map(|_| sample(Origin::Domain(1), 0x1010, true)));
+        samples.extend((0..checksum).map(|_| sample(Origin::Domain(1), 0x2010, true)));
+        let run = RunInfo {
+            mode: "all".into(),
+            vendor: "test".into(),
+            frequency_hz: 1000,
+            duration_s: 1.0,
+            tsc_khz: 1,
+        };
+        let domain = DomainInfo {
+            origin: Origin::Domain(1),
+            name: "work.elf".into(),
+            symbols,
+            dropped: 0,
+        };
+        Report::build(run, &samples, &[domain])
+    }
+
+    #[test]
+    fn shares_within_five_points_and_enough_samples() {
+        let w1 = Some(crate::profile::workloads::BUILT_IN[0]);
+        // 75 / 25 exactly; 4.9 points off; 5.1 points off; too few samples.
+        assert!(shares(&w1_report(750, 250), &[w1])[0].passed);
+        assert!(shares(&w1_report(701, 299), &[w1])[0].passed);
+        assert!(!shares(&w1_report(699, 301), &[w1])[0].passed);
+        let few = &shares(&w1_report(75, 25), &[w1])[0];
+        assert!(!few.passed && few.detail.contains("fewer than"));
+        // A user's guest (no construction) gets no share check.
+        assert!(shares(&w1_report(1, 1), &[None]).is_empty());
+    }
+
+    #[test]
+    fn seed_002_compares_rankings() {
+        let w1 = Some(crate::profile::workloads::BUILT_IN[0]);
+        let passive = w1_report(700, 300);
+        assert!(passive_agrees_with_self(&passive, &w1_report(760, 240), &[w1])[0].passed);
+        let flipped = &passive_agrees_with_self(&passive, &w1_report(300, 700), &[w1])[0];
+        assert!(!flipped.passed, "{}", flipped.detail);
+        // No samples on either side is no agreement.
+        assert!(!passive_agrees_with_self(&w1_report(0, 0), &w1_report(0, 0), &[w1])[0].passed);
+    }
 }
