@@ -15,10 +15,11 @@ use crate::personality::Personality;
 /// The frequencies of the sweep (samples per second of CPU time).
 pub const FREQUENCIES: [u64; 3] = [1000, 4000, 10_000];
 
-/// Rounds of the sweep: every configuration runs once per round, interleaved with a baseline
-/// in the same round, and the row reports the medians. A single pair of runs is not enough:
-/// the host's speed for the same guest loop varies by up to ~2x between runs here (seen
-/// 1.0-1.9 TSC ticks per `dec; jnz`), which interleaving and medians absorb.
+/// Rounds of the sweep: every configuration runs once per round, each run between two
+/// baseline runs without sampling, and the row reports the medians. The host's speed for the
+/// same guest loop drifts by up to ~1.5x within seconds here (1.0-1.9 TSC ticks per
+/// `dec; jnz` seen between runs), so a configuration is only compared with the baselines
+/// right before and after it (their mean: linear drift cancels), and medians absorb the rest.
 pub const ROUNDS: usize = 3;
 
 /// One row of the sweep: a mode at a frequency, over `ROUNDS` runs.
@@ -38,8 +39,8 @@ pub struct Row {
     pub lost_in_guest: f64,
     /// Median delivered / expected.
     pub delivered_ratio: f64,
-    /// Median over rounds of (the round's baseline work rate / this run's), each averaged
-    /// over the workload domains (1.0: no slowdown).
+    /// Median over rounds of (the mean work rate of the baseline runs right before and after
+    /// / this run's), each averaged over the workload domains (1.0: no slowdown).
     pub slowdown: f64,
     /// Attribution held (100 %) in every run.
     pub attribution: bool,
@@ -93,14 +94,17 @@ pub fn sweep<P: Personality + Copy + Sync>(
         .flat_map(|m| FREQUENCIES.map(|f| (m, f)))
         .collect();
     let mut baselines = Vec::new();
-    // runs[c][round], with the round's slowdown and attribution.
-    let mut runs: Vec<Vec<(Delivery, f64, bool)>> = vec![Vec::new(); configs.len()];
-    for round in 0..ROUNDS {
+    let baseline = |round: usize| -> Result<Delivery, String> {
         eprintln!(
             "vpmu profile --sweep: round {}/{ROUNDS}: baseline (no sampling)",
             round + 1
         );
-        let base = Delivery::of(&run::run(kvm, cpuid, p, &plan(Mode::All, 0))?);
+        Ok(Delivery::of(&run::run(kvm, cpuid, p, &plan(Mode::All, 0))?))
+    };
+    // runs[c][round], with the run's slowdown and attribution.
+    let mut runs: Vec<Vec<(Delivery, f64, bool)>> = vec![Vec::new(); configs.len()];
+    let mut before = baseline(0)?;
+    for round in 0..ROUNDS {
         for (c, &(mode, f)) in configs.iter().enumerate() {
             eprintln!(
                 "vpmu profile --sweep: round {}/{ROUNDS}: {} mode, {f} Hz",
@@ -109,11 +113,19 @@ pub fn sweep<P: Personality + Copy + Sync>(
             );
             let data = run::run(kvm, cpuid, p, &plan(mode, f))?;
             let delivery = Delivery::of(&data);
-            let s = slowdown(&base.work_rates, &delivery.work_rates);
+            let after = baseline(round)?;
+            let flanking: Vec<f64> = before
+                .work_rates
+                .iter()
+                .zip(&after.work_rates)
+                .map(|(a, b)| (a + b) / 2.0)
+                .collect();
+            let s = slowdown(&flanking, &delivery.work_rates);
             runs[c].push((delivery, s, validate::attribution(&data).passed));
+            baselines.push(std::mem::replace(&mut before, after));
         }
-        baselines.push(base);
     }
+    baselines.push(before);
     let rows: Vec<Row> = configs
         .iter()
         .zip(runs)
@@ -134,20 +146,22 @@ pub fn sweep<P: Personality + Copy + Sync>(
             }
         })
         .collect();
-    let base_rates: Vec<Vec<f64>> = baselines.iter().map(|b| b.work_rates.clone()).collect();
+    let base_means: Vec<f64> = baselines
+        .iter()
+        .map(|b| b.work_rates.iter().sum::<f64>() / b.work_rates.len().max(1) as f64)
+        .collect();
+    let lowest = base_means.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = base_means.iter().copied().fold(0.0, f64::max);
     let mut out = format!(
         "{}: {} workload domains and the profiler on one pCPU; {ROUNDS} rounds of {:.1} s runs, \
-         each a baseline without sampling and every configuration; medians\n\
-         baseline work rates by round (rounds/s per workload domain): {}\n\n\
+         each run between two baseline runs without sampling; medians\n\
+         the {} baseline runs' work rate (rounds/s, mean of the workload domains) ranged \
+         {lowest:.0}-{highest:.0}: the host's own drift\n\n\
          {:<5} {:>6} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>11}\n",
         p.name(),
         workloads.len(),
         options.duration.as_secs_f64(),
-        base_rates
-            .iter()
-            .map(|r| format!("{:.0?}", r))
-            .collect::<Vec<_>>()
-            .join(" "),
+        baselines.len(),
         "mode",
         "Hz",
         "expected",
