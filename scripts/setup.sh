@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond a Rust toolchain: gcc with 32-bit support, used to
-# compile the C binding at -m32 and -m64. Idempotent; does nothing when it is already there.
+# compile the C binding at -m32 and -m64, and clang, with which the minicov crate (the
+# `coverage` feature, on under --all-features) builds LLVM's profile runtime. Idempotent; does
+# nothing when both are there.
 set -euo pipefail
 
 probe=$(mktemp -d)
 trap 'rm -rf "$probe"' EXIT
 printf '#include <stdint.h>\n#include <stdio.h>\nint main(void){return (int)sizeof(uint64_t)-8;}\n' >"$probe/p.c"
 
-if gcc -m32 "$probe/p.c" -o "$probe/p32" 2>/dev/null && gcc -m64 "$probe/p.c" -o "$probe/p64" 2>/dev/null; then
-    exit 0
-fi
-
-echo "setup: installing gcc-multilib (needed to test the C binding at -m32)" >&2
 if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq gcc gcc-multilib >/dev/null
-gcc -m32 "$probe/p.c" -o "$probe/p32"
-echo "setup: gcc -m32 works" >&2
+updated=""
+install() {
+    if [ -z "$updated" ]; then
+        $sudo apt-get update -qq
+        updated=1
+    fi
+    $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! { gcc -m32 "$probe/p.c" -o "$probe/p32" 2>/dev/null && gcc -m64 "$probe/p.c" -o "$probe/p64" 2>/dev/null; }; then
+    echo "setup: installing gcc-multilib (needed to test the C binding at -m32)" >&2
+    install gcc gcc-multilib
+    gcc -m32 "$probe/p.c" -o "$probe/p32"
+    echo "setup: gcc -m32 works" >&2
+fi
+
+if ! command -v clang >/dev/null; then
+    echo "setup: installing clang (minicov, the coverage feature's runtime, is built with it)" >&2
+    install clang
+fi

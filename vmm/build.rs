@@ -32,6 +32,8 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("work", &["work.c", "work_loops.S", "sampler.c", "driver.c"]),
     // An example of a user's guest for `vpmu profile --guest` (used by tests/profile.rs).
     ("example", &["example.c"]),
+    // `vpmu coverage`: reads the vPMU's coverage through XENPMU_OP_COVERAGE.
+    ("coverage", &["coverage.c"]),
 ];
 
 const CFLAGS: &[&str] = &[

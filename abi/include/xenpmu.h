@@ -54,9 +54,32 @@
 #define XENPMU_OP_FLUSH 7
 
 /**
- * Number of operations version 1.0 defines; higher numbers are reserved.
+ * The vPMU's own code coverage (privileged; version 1.1): the sub-operation in
+ * `xenpmu_coverage_params.subop`. `-EOPNOTSUPP` when the hypervisor was built without it.
  */
-#define XENPMU_OP_COUNT 8
+#define XENPMU_OP_COVERAGE 8
+
+/**
+ * Number of operations version 1.1 defines; higher numbers are reserved.
+ */
+#define XENPMU_OP_COUNT 9
+
+/**
+ * Coverage sub-operation: OUT `size` = the bytes of the raw profile a read would return.
+ */
+#define XENPMU_COVERAGE_GET_SIZE 0
+
+/**
+ * Coverage sub-operation: write the raw profile (LLVM's `.profraw` format) into the caller's
+ * buffer at guest-physical `buffer` of IN `size` bytes; OUT `size` = the bytes written, or
+ * with `-ENOBUFS` the bytes needed.
+ */
+#define XENPMU_COVERAGE_READ 1
+
+/**
+ * Coverage sub-operation: zero every counter.
+ */
+#define XENPMU_COVERAGE_RESET 2
 
 /**
  * Mode: no vPMU; guests see no PMU.
@@ -124,6 +147,11 @@
 #define XENPMU_ENOMEM 12
 
 /**
+ * errno: the caller's buffer could not be written (coverage read).
+ */
+#define XENPMU_EFAULT 14
+
+/**
  * errno: the mode or features cannot change while unprivileged vPMUs exist.
  */
 #define XENPMU_EBUSY 16
@@ -149,6 +177,11 @@
 #define XENPMU_EPROTONOSUPPORT 93
 
 /**
+ * errno: the caller's buffer is too small (coverage read); OUT `size` = the bytes needed.
+ */
+#define XENPMU_ENOBUFS 105
+
+/**
  * errno: unknown operation, or no vPMU in this hypervisor at all.
  */
 #define XENPMU_EOPNOTSUPP 95
@@ -171,9 +204,10 @@
 
 /**
  * Minor version. A newer minor only gives meaning to bytes that older minors defined as
- * reserved (always written as zero), so an older consumer can read a newer page unchanged.
+ * reserved (always written as zero), so an older consumer can read a newer page unchanged,
+ * or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; the page is unchanged since 1.0.
  */
-#define XENPMU_VERSION_MINOR 0
+#define XENPMU_VERSION_MINOR 1
 
 /**
  * Size in bytes of the part of the page that version 1.0 defines (header through the vendor
@@ -661,6 +695,30 @@ typedef struct xenpmu_params {
   uint32_t _pad0;
 } xenpmu_params;
 
+/**
+ * The parameter block of `XENPMU_OP_COVERAGE`: the same 24 bytes as `xenpmu_params`, read as
+ * `buffer` (`xenpmu_params.val`), `size` (`xenpmu_params.vcpu`) and `subop` (`xenpmu_params._pad0`).
+ */
+typedef struct xenpmu_coverage_params {
+  /**
+   * ABI version (IN; the major version must match).
+   */
+  struct xenpmu_version version;
+  /**
+   * IN: guest-physical address of the read buffer; zero for the other sub-operations.
+   */
+  uint64_t buffer;
+  /**
+   * IN: the buffer's size in bytes (read; zero otherwise). OUT: the profile's size
+   * (get_size), the bytes written (read), or the bytes needed (read failing `-ENOBUFS`).
+   */
+  uint32_t size;
+  /**
+   * IN: `XENPMU_COVERAGE_*`.
+   */
+  uint32_t subop;
+} xenpmu_coverage_params;
+
 
 
 
@@ -1029,3 +1087,12 @@ XENPMU_STATIC_ASSERT(offsetof(xenpmu_params, vcpu) == 16, "offsetof(xenpmu_param
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_params *)0)->vcpu) == 4, "sizeof(xenpmu_params.vcpu)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_params, _pad0) == 20, "offsetof(xenpmu_params, _pad0)");
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_params *)0)->_pad0) == 4, "sizeof(xenpmu_params._pad0)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_coverage_params) == 24, "sizeof(xenpmu_coverage_params)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_coverage_params, version) == 0, "offsetof(xenpmu_coverage_params, version)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_coverage_params *)0)->version) == 8, "sizeof(xenpmu_coverage_params.version)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_coverage_params, buffer) == 8, "offsetof(xenpmu_coverage_params, buffer)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_coverage_params *)0)->buffer) == 8, "sizeof(xenpmu_coverage_params.buffer)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_coverage_params, size) == 16, "offsetof(xenpmu_coverage_params, size)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_coverage_params *)0)->size) == 4, "sizeof(xenpmu_coverage_params.size)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_coverage_params, subop) == 20, "offsetof(xenpmu_coverage_params, subop)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_coverage_params *)0)->subop) == 4, "sizeof(xenpmu_coverage_params.subop)");

@@ -6,7 +6,7 @@ use core::mem::{align_of, offset_of, size_of};
 
 use static_assertions::{const_assert, const_assert_eq};
 
-use crate::ops::{Params, Version};
+use crate::ops::{CoverageParams, Params, Version};
 use crate::page::{Header, Identity, Page, Regs};
 use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
 
@@ -107,6 +107,16 @@ const_assert_eq!(offset_of!(Params, version), 0);
 const_assert_eq!(offset_of!(Params, val), 8);
 const_assert_eq!(offset_of!(Params, vcpu), 16);
 const_assert_eq!(offset_of!(Params, _pad0), 20);
+
+// The coverage block is the same 24 bytes read differently: one copy-in serves every op.
+const_assert_eq!(size_of::<CoverageParams>(), size_of::<Params>());
+const_assert_eq!(
+    offset_of!(CoverageParams, version),
+    offset_of!(Params, version)
+);
+const_assert_eq!(offset_of!(CoverageParams, buffer), offset_of!(Params, val));
+const_assert_eq!(offset_of!(CoverageParams, size), offset_of!(Params, vcpu));
+const_assert_eq!(offset_of!(CoverageParams, subop), offset_of!(Params, _pad0));
 
 // The defined part of version 1.0 ends where the vendor area ends.
 const_assert_eq!(

@@ -8,7 +8,7 @@
 
 use core::mem::{offset_of, size_of};
 
-use crate::ops::{Params, Version};
+use crate::ops::{CoverageParams, Params, Version};
 use crate::page::{Header, Identity, Page, Regs};
 use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
 
@@ -126,6 +126,11 @@ pub const STRUCTS: &[StructLayout] = &[
     ),
     struct_layout!(Version, "xenpmu_version", [major, minor]),
     struct_layout!(Params, "xenpmu_params", [version, val, vcpu, _pad0]),
+    struct_layout!(
+        CoverageParams,
+        "xenpmu_coverage_params",
+        [version, buffer, size, subop]
+    ),
 ];
 
 /// The layout of the struct with this Rust name.

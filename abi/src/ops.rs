@@ -22,8 +22,20 @@ pub const XENPMU_OP_FINISH: u32 = 5;
 pub const XENPMU_OP_LVTPC_SET: u32 = 6;
 /// End the cached window: verify and load the calling vCPU's page's vendor context.
 pub const XENPMU_OP_FLUSH: u32 = 7;
-/// Number of operations version 1.0 defines; higher numbers are reserved.
-pub const XENPMU_OP_COUNT: u32 = 8;
+/// The vPMU's own code coverage (privileged; version 1.1): the sub-operation in
+/// `CoverageParams::subop`. `-EOPNOTSUPP` when the hypervisor was built without it.
+pub const XENPMU_OP_COVERAGE: u32 = 8;
+/// Number of operations version 1.1 defines; higher numbers are reserved.
+pub const XENPMU_OP_COUNT: u32 = 9;
+
+/// Coverage sub-operation: OUT `size` = the bytes of the raw profile a read would return.
+pub const XENPMU_COVERAGE_GET_SIZE: u32 = 0;
+/// Coverage sub-operation: write the raw profile (LLVM's `.profraw` format) into the caller's
+/// buffer at guest-physical `buffer` of IN `size` bytes; OUT `size` = the bytes written, or
+/// with `-ENOBUFS` the bytes needed.
+pub const XENPMU_COVERAGE_READ: u32 = 1;
+/// Coverage sub-operation: zero every counter.
+pub const XENPMU_COVERAGE_RESET: u32 = 2;
 
 /// Mode: no vPMU; guests see no PMU.
 pub const XENPMU_MODE_OFF: u64 = 0;
@@ -54,6 +66,8 @@ pub const XENPMU_ENOENT: i32 = 2;
 pub const XENPMU_EIO: i32 = 5;
 /// errno: the hypervisor could not map the page.
 pub const XENPMU_ENOMEM: i32 = 12;
+/// errno: the caller's buffer could not be written (coverage read).
+pub const XENPMU_EFAULT: i32 = 14;
 /// errno: the mode or features cannot change while unprivileged vPMUs exist.
 pub const XENPMU_EBUSY: i32 = 16;
 /// errno: a page is already registered for that vCPU.
@@ -64,6 +78,8 @@ pub const XENPMU_EINVAL: i32 = 22;
 pub const XENPMU_ENOSPC: i32 = 28;
 /// errno: the caller's `Params::version.major` differs from the hypervisor's.
 pub const XENPMU_EPROTONOSUPPORT: i32 = 93;
+/// errno: the caller's buffer is too small (coverage read); OUT `size` = the bytes needed.
+pub const XENPMU_ENOBUFS: i32 = 105;
 /// errno: unknown operation, or no vPMU in this hypervisor at all.
 pub const XENPMU_EOPNOTSUPP: i32 = 95;
 
@@ -93,6 +109,46 @@ pub struct Params {
     pub vcpu: u32,
     /// Reserved, must be zero.
     pub _pad0: u32,
+}
+
+/// The parameter block of `XENPMU_OP_COVERAGE`: the same 24 bytes as `Params`, read as
+/// `buffer` (`Params::val`), `size` (`Params::vcpu`) and `subop` (`Params::_pad0`).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
+pub struct CoverageParams {
+    /// ABI version (IN; the major version must match).
+    pub version: Version,
+    /// IN: guest-physical address of the read buffer; zero for the other sub-operations.
+    pub buffer: u64,
+    /// IN: the buffer's size in bytes (read; zero otherwise). OUT: the profile's size
+    /// (get_size), the bytes written (read), or the bytes needed (read failing `-ENOBUFS`).
+    pub size: u32,
+    /// IN: `XENPMU_COVERAGE_*`.
+    pub subop: u32,
+}
+
+impl From<Params> for CoverageParams {
+    fn from(p: Params) -> Self {
+        Self {
+            version: p.version,
+            buffer: p.val,
+            size: p.vcpu,
+            subop: p._pad0,
+        }
+    }
+}
+
+impl From<CoverageParams> for Params {
+    fn from(c: CoverageParams) -> Self {
+        Self {
+            version: c.version,
+            val: c.buffer,
+            vcpu: c.size,
+            _pad0: c.subop,
+        }
+    }
 }
 
 impl Params {
@@ -129,11 +185,13 @@ pub enum Op {
     LvtpcSet,
     /// `XENPMU_OP_FLUSH`.
     Flush,
+    /// `XENPMU_OP_COVERAGE`.
+    Coverage,
 }
 
 impl Op {
     /// Every operation, in number order.
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 9] = [
         Op::ModeGet,
         Op::ModeSet,
         Op::FeatureGet,
@@ -142,6 +200,7 @@ impl Op {
         Op::Finish,
         Op::LvtpcSet,
         Op::Flush,
+        Op::Coverage,
     ];
 
     /// Decodes an operation number; unknown numbers give `OpError::NotSupported` (`-EOPNOTSUPP`).
@@ -163,12 +222,13 @@ impl Op {
             Op::Finish => XENPMU_OP_FINISH,
             Op::LvtpcSet => XENPMU_OP_LVTPC_SET,
             Op::Flush => XENPMU_OP_FLUSH,
+            Op::Coverage => XENPMU_OP_COVERAGE,
         }
     }
 
     /// Whether only the privileged domain may issue this operation.
     pub fn is_privileged(self) -> bool {
-        matches!(self, Op::ModeSet | Op::FeatureSet)
+        matches!(self, Op::ModeSet | Op::FeatureSet | Op::Coverage)
     }
 }
 
@@ -195,11 +255,18 @@ pub enum OpError {
     VersionMismatch,
     /// `-EOPNOTSUPP`.
     NotSupported,
+    /// `-EFAULT`.
+    BadAddress,
+    /// `-ENOBUFS`, with the size the caller's buffer needs (returned in the OUT `size`).
+    BufferTooSmall {
+        /// Bytes needed.
+        needed: u32,
+    },
 }
 
 impl OpError {
     /// Every error.
-    pub const ALL: [OpError; 10] = [
+    pub const ALL: [OpError; 12] = [
         OpError::NotPrivileged,
         OpError::NoVpmu,
         OpError::InvalidContext,
@@ -210,6 +277,8 @@ impl OpError {
         OpError::NoSpace,
         OpError::VersionMismatch,
         OpError::NotSupported,
+        OpError::BadAddress,
+        OpError::BufferTooSmall { needed: 0 },
     ];
 
     /// The positive errno value (`XENPMU_E*`).
@@ -225,6 +294,8 @@ impl OpError {
             OpError::NoSpace => XENPMU_ENOSPC,
             OpError::VersionMismatch => XENPMU_EPROTONOSUPPORT,
             OpError::NotSupported => XENPMU_EOPNOTSUPP,
+            OpError::BadAddress => XENPMU_EFAULT,
+            OpError::BufferTooSmall { .. } => XENPMU_ENOBUFS,
         }
     }
 
@@ -234,7 +305,8 @@ impl OpError {
     }
 
     /// Decodes an operation's return value: `Ok(())` for 0, the error for a known `-errno`,
-    /// `None` for anything else.
+    /// `None` for anything else (`-ENOBUFS` decodes with `needed: 0`: the needed size is in
+    /// the OUT parameter block).
     pub fn from_return_value(value: i64) -> Option<Result<(), OpError>> {
         if value == 0 {
             return Some(Ok(()));
@@ -259,6 +331,8 @@ impl core::fmt::Display for OpError {
             OpError::NoSpace => "counters do not fit the shared page's vendor area",
             OpError::VersionMismatch => "ABI major version differs from the hypervisor's",
             OpError::NotSupported => "operation not supported",
+            OpError::BadAddress => "the caller's buffer could not be written",
+            OpError::BufferTooSmall { .. } => "the caller's buffer is too small",
         };
         f.write_str(text)
     }
@@ -291,7 +365,7 @@ mod tests {
 
     #[test]
     fn only_the_setters_are_privileged() {
-        for op in [Op::ModeSet, Op::FeatureSet] {
+        for op in [Op::ModeSet, Op::FeatureSet, Op::Coverage] {
             assert!(op.is_privileged(), "{op:?}");
         }
         for op in [

@@ -21,8 +21,9 @@ pub const XENPMU_MAGIC: u32 = 0x554D_5058;
 pub const XENPMU_VERSION_MAJOR: u16 = 1;
 
 /// Minor version. A newer minor only gives meaning to bytes that older minors defined as
-/// reserved (always written as zero), so an older consumer can read a newer page unchanged.
-pub const XENPMU_VERSION_MINOR: u16 = 0;
+/// reserved (always written as zero), so an older consumer can read a newer page unchanged,
+/// or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; the page is unchanged since 1.0.
+pub const XENPMU_VERSION_MINOR: u16 = 1;
 
 /// Size in bytes of the part of the page that version 1.0 defines (header through the vendor
 /// area). The hypervisor writes the size of the part *its* minor defines into

@@ -12,13 +12,13 @@
 
 use std::collections::BTreeMap;
 
-use vpmu::abi::ops::{OpError, Params};
+use vpmu::abi::ops::{CoverageParams, OpError, Params, XENPMU_COVERAGE_GET_SIZE};
 use vpmu::abi::{
     PageView, XENPMU_FEATURE_ARCH_ONLY, XENPMU_FEATURE_INTEL_BTS, XENPMU_FEATURE_IPC_ONLY,
     XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_MASK, XENPMU_MODE_OFF, XENPMU_MODE_SELF,
-    XENPMU_OP_FEATURE_GET, XENPMU_OP_FEATURE_SET, XENPMU_OP_FINISH, XENPMU_OP_FLUSH,
-    XENPMU_OP_INIT, XENPMU_OP_LVTPC_SET, XENPMU_OP_MODE_GET, XENPMU_OP_MODE_SET,
-    XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
+    XENPMU_OP_COUNT, XENPMU_OP_COVERAGE, XENPMU_OP_FEATURE_GET, XENPMU_OP_FEATURE_SET,
+    XENPMU_OP_FINISH, XENPMU_OP_FLUSH, XENPMU_OP_INIT, XENPMU_OP_LVTPC_SET, XENPMU_OP_MODE_GET,
+    XENPMU_OP_MODE_SET, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
 };
 use vpmu::{PmiOutcome, VcpuId, VcpuState, Vpmu};
 use vpmu_tests::sim::helpers::sampling;
@@ -118,6 +118,38 @@ fn build<V: SimVendor>(vendor: &V, state: State) -> Machine<V> {
     m
 }
 
+/// Whether this build has XENPMU_OP_COVERAGE (the vpmu crate's `coverage` feature, which
+/// `--all-features` turns on): asked once through the operation itself.
+fn coverage_built_in() -> bool {
+    static BUILT_IN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BUILT_IN.get_or_init(|| {
+        let mut m = build(&intel_v5(), State::Off);
+        m.op(PRIVILEGED, XENPMU_OP_COVERAGE, &Params::new(0, 0)) != Err(OpError::NotSupported)
+    })
+}
+
+/// XENPMU_OP_COVERAGE (docs/abi.md): not built in → -EOPNOTSUPP for everyone; else version,
+/// privilege, then the sub-operation (`_pad0`) with `val` (buffer) and `vcpu` (size). The
+/// matrix never reads (its sub-operations are 0 = get_size and 0xdead), so the core's state
+/// and the vPMU availability do not matter.
+fn coverage_oracle(privileged: bool, p: &Params) -> Result<(), OpError> {
+    use OpError::*;
+    if !coverage_built_in() {
+        return Err(NotSupported);
+    }
+    if p.version.major != u32::from(XENPMU_VERSION_MAJOR) {
+        return Err(VersionMismatch);
+    }
+    if !privileged {
+        return Err(NotPrivileged);
+    }
+    let c = CoverageParams::from(*p);
+    match c.subop {
+        XENPMU_COVERAGE_GET_SIZE if c.buffer == 0 && c.size == 0 => Ok(()),
+        _ => Err(InvalidArgument),
+    }
+}
+
 /// What docs/abi.md says the call must return.
 fn oracle<V: SimVendor>(
     m: &Machine<V>,
@@ -127,6 +159,9 @@ fn oracle<V: SimVendor>(
     p: &Params,
 ) -> Result<(), OpError> {
     use OpError::*;
+    if op == XENPMU_OP_COVERAGE {
+        return coverage_oracle(caller == PRIVILEGED, p);
+    }
     // 1. Operation known, vPMU present.
     if op > XENPMU_OP_FLUSH || state == State::Unavailable {
         return Err(NotSupported);
@@ -280,10 +315,18 @@ fn check_success<V: SimVendor>(
             assert_eq!(m.vcpu(target).state(), VcpuState::Allocated);
         }
         XENPMU_OP_FLUSH => assert_ne!(m.vcpu(caller).state(), VcpuState::Cached),
+        XENPMU_OP_COVERAGE => {
+            // get_size: OUT size, at least a raw profile's 128-byte header.
+            assert!(CoverageParams::from(*out).size >= 128, "{out:?}");
+            expected_out.vcpu = out.vcpu;
+        }
         _ => {}
     }
     assert_eq!(*out, expected_out, "OUT fields of op {op}");
-    if matches!(op, XENPMU_OP_MODE_GET | XENPMU_OP_FEATURE_GET) {
+    if matches!(
+        op,
+        XENPMU_OP_MODE_GET | XENPMU_OP_FEATURE_GET | XENPMU_OP_COVERAGE
+    ) {
         assert_eq!(*before, Snapshot::take(m), "a query changes nothing");
     }
 }
@@ -296,7 +339,7 @@ fn code(result: Result<(), OpError>) -> i64 {
 /// Runs the matrix; returns, per (operation, result), how many calls had it.
 fn matrix<V: SimVendor>(vendor: V) -> BTreeMap<(u32, i64), usize> {
     let mut tally = BTreeMap::new();
-    let ops = (0..=8).chain([u32::MAX]);
+    let ops = (0..=XENPMU_OP_COUNT).chain([u32::MAX]);
     for state in STATES {
         for caller in [PRIVILEGED, GUEST] {
             for op in ops.clone() {
@@ -316,7 +359,9 @@ fn matrix<V: SimVendor>(vendor: V) -> BTreeMap<(u32, i64), usize> {
                                     vendor.name()
                                 );
                                 assert_eq!(result.map(|_| ()), expected, "{what}");
-                                *tally.entry((op.min(8), code(expected))).or_default() += 1;
+                                *tally
+                                    .entry((op.min(XENPMU_OP_COUNT), code(expected)))
+                                    .or_default() += 1;
                                 match result {
                                     Err(_) => {
                                         assert_eq!(
@@ -343,7 +388,7 @@ fn matrix<V: SimVendor>(vendor: V) -> BTreeMap<(u32, i64), usize> {
 fn assert_reached(tally: &BTreeMap<(u32, i64), usize>, amd: bool) {
     use OpError::*;
     let common = [NotSupported, VersionMismatch, InvalidArgument];
-    let per_op: [(u32, &[OpError]); 9] = [
+    let per_op: [(u32, &[OpError]); 10] = [
         (XENPMU_OP_MODE_GET, &[]),
         (XENPMU_OP_MODE_SET, &[NotPrivileged, Busy]),
         (XENPMU_OP_FEATURE_GET, &[]),
@@ -352,13 +397,21 @@ fn assert_reached(tally: &BTreeMap<(u32, i64), usize>, amd: bool) {
         (XENPMU_OP_FINISH, &[NoVpmu]),
         (XENPMU_OP_LVTPC_SET, &[NoVpmu]),
         (XENPMU_OP_FLUSH, &[NoVpmu]),
-        (8, &[]),
+        (XENPMU_OP_COVERAGE, &[]),
+        (XENPMU_OP_COUNT, &[]),
     ];
     for (op, errors) in per_op {
         let mut wanted: Vec<Result<(), OpError>> = errors.iter().map(|e| Err(*e)).collect();
-        if op < 8 {
+        if op < XENPMU_OP_COVERAGE {
             wanted.push(Ok(()));
             wanted.extend(common.iter().map(|e| Err(*e)));
+        } else if op == XENPMU_OP_COVERAGE && coverage_built_in() {
+            wanted.extend([
+                Ok(()),
+                Err(VersionMismatch),
+                Err(NotPrivileged),
+                Err(InvalidArgument),
+            ]);
         } else {
             wanted.push(Err(NotSupported));
         }

@@ -16,6 +16,9 @@ pub static PROFILER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/profiler.
 /// The built-in workload domains of `vpmu profile` (`guest/work.c`, `guest/work_loops.S`).
 pub static WORK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/work.elf"));
 
+/// The guest side of `vpmu coverage` (`guest/coverage.c`).
+pub static COVERAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/coverage.elf"));
+
 /// The MSR-exit cost benchmark (`guest/bench.c`).
 pub static BENCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bench.elf"));
 

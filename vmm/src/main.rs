@@ -3,6 +3,8 @@
 //! * `vpmu profile [options]`: system-wide sampling of guest domains by a privileged profiling
 //!   domain, per-domain reports, flamegraph, JSON, built-in validation (`profile::USAGE`).
 //! * `vpmu selftest [--vendor intel|amd|both] [-v]`: the guest conformance suite, a result table.
+//! * `vpmu coverage [--out DIR] [--no-suite]`: the vPMU's code coverage under the suite, read by
+//!   a guest through `XENPMU_OP_COVERAGE` (`coverage::USAGE`).
 //! * `vpmu bench [--vendor ...]`: the cost of a PMU MSR exit handled by the vpmu vs a null handler.
 //!
 //! One VM per domain (one or several per run), long-mode guests from `guest/` (built by
@@ -10,6 +12,7 @@
 //! `vpmu::Platform`.
 
 mod attribution;
+mod coverage;
 mod guest;
 mod kick;
 mod kvm;
@@ -24,7 +27,7 @@ use selftest::VendorChoice;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: vpmu profile [options]   (vpmu profile --help)\n       vpmu selftest [--vendor intel|amd|both] [-v]\n       vpmu bench [--vendor intel|amd|both]"
+        "usage: vpmu profile [options]   (vpmu profile --help)\n       vpmu coverage [options]  (vpmu coverage --help)\n       vpmu selftest [--vendor intel|amd|both] [-v]\n       vpmu bench [--vendor intel|amd|both]"
     );
     ExitCode::from(2)
 }
@@ -36,6 +39,9 @@ fn main() -> ExitCode {
     };
     if cmd == "profile" {
         return profile_command(&args[1..]);
+    }
+    if cmd == "coverage" {
+        return coverage_command(&args[1..]);
     }
     let mut vendor = VendorChoice::Both;
     let mut verbose = false;
@@ -126,4 +132,33 @@ fn profile_command(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `vpmu coverage`: exit statuses as `coverage::USAGE` lists them.
+fn coverage_command(args: &[String]) -> ExitCode {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{}", coverage::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    let options = match coverage::Options::parse(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("vpmu coverage: {e}\n{}", coverage::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let kvm = match kvm::usable() {
+        Ok(kvm) => kvm,
+        Err(e) => {
+            eprintln!(
+                "vpmu coverage: cannot run: /dev/kvm is not available ({e}). The guests run on \
+                 KVM; run this on a host with /dev/kvm readable and writable by this user."
+            );
+            return ExitCode::from(77);
+        }
+    };
+    coverage::command(&kvm, &options).unwrap_or_else(|e| {
+        eprintln!("vpmu coverage: {e}");
+        ExitCode::FAILURE
+    })
 }

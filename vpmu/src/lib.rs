@@ -14,12 +14,16 @@
 //!   [`Vpmu::teardown_vcpu`]. Per-vCPU state is a [`VcpuPmu`], per-pCPU state a [`PcpuPmu`],
 //!   both owned by the integrator; the core allocates nothing.
 #![no_std]
-// The only unsafe code is RDMSR/WRMSR in `msr::hardware`, behind the `hw-msr` feature.
+// The only unsafe code is RDMSR/WRMSR in `msr::hardware` (the `hw-msr` feature) and the
+// profile runtime's calls in `coverage` (the `coverage` feature).
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod backend;
 mod core;
+// The profile runtime's entry points are unsafe FFI (the `coverage` feature only).
+#[allow(unsafe_code)]
+mod coverage;
 pub mod filter;
 mod intercept;
 pub mod msr;

@@ -2,7 +2,7 @@
 //! version, then privilege, then arguments, then state; an operation that fails changes
 //! nothing, and its OUT fields are only produced on success.
 
-use vpmu_abi::ops::{Op, OpError, Params, is_valid_features, is_valid_mode};
+use vpmu_abi::ops::{CoverageParams, Op, OpError, Params, is_valid_features, is_valid_mode};
 use vpmu_abi::writer::{clear_cached, copy_vendor_area, guest_lvtpc_masked, init_page};
 use vpmu_abi::{
     XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_SELF, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
@@ -36,6 +36,12 @@ impl<B: PmuBackend> Vpmu<B> {
         params: &Params,
     ) -> Result<Params, OpError> {
         let op = Op::from_number(op)?;
+        if op == Op::Coverage {
+            // Its own block layout and checks (coverage.rs); independent of the PMU.
+            return self
+                .coverage_op(platform, caller, &CoverageParams::from(*params))
+                .map(Params::from);
+        }
         if !self.available {
             return Err(OpError::NotSupported);
         }
@@ -84,6 +90,8 @@ impl<B: PmuBackend> Vpmu<B> {
                     vcpu.page_lvtpc_masked = guest_lvtpc_masked(lvtpc);
                 }
             }
+            // Returned above.
+            Op::Coverage => return Err(OpError::NotSupported),
             Op::Flush => {
                 let vcpu = vcpus.get_mut(caller).ok_or(OpError::InvalidArgument)?;
                 self.flush(platform, pcpus, vcpu)?;

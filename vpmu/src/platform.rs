@@ -121,4 +121,12 @@ pub trait Platform {
 
     /// Reports a guest-reachable diagnostic; the platform rate-limits it.
     fn diagnostic(&mut self, diagnostic: Diagnostic);
+
+    /// Writes `data` into the memory of `caller`'s domain at guest-physical `address`, for
+    /// the coverage read (`XENPMU_OP_COVERAGE`); false if any byte falls outside its RAM. The
+    /// default refuses: a platform without it answers coverage reads with `-EFAULT`.
+    fn write_guest(&mut self, caller: VcpuId, address: u64, data: &[u8]) -> bool {
+        let _ = (caller, address, data);
+        false
+    }
 }

@@ -434,6 +434,7 @@ pub fn doc_layout_block() -> String {
         "CounterPair",
         "Version",
         "Params",
+        "CoverageParams",
     ]));
     out.trim_end().to_owned()
 }

@@ -168,7 +168,17 @@ impl<P: Personality> Runner<'_, P> {
                 }
                 0
             }
-            Err(e) => e.return_value() as u32,
+            Err(e) => {
+                // The one error with an OUT field: -ENOBUFS tells the size needed.
+                if let vpmu::abi::ops::OpError::BufferTooSmall { needed } = e {
+                    let mut out = vpmu::abi::ops::CoverageParams::from(params);
+                    out.size = needed;
+                    if let Some(b) = self.vm.mem.slice_mut(gpa, size) {
+                        b.copy_from_slice(Params::from(out).as_bytes());
+                    }
+                }
+                e.return_value() as u32
+            }
         }
     }
 }

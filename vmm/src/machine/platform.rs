@@ -321,6 +321,19 @@ impl Platform for KvmPlatform<'_> {
         }
     }
 
+    fn write_guest(&mut self, caller: VcpuId, address: u64, data: &[u8]) -> bool {
+        let Some(vm) = self.vms.get(caller.domain as usize) else {
+            return false;
+        };
+        match vm.mem.slice_mut(address, data.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(data);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn set_physical_lvtpc_masked(&mut self, pcpu: u32, masked: bool) {
         if let Some(m) = self.physical_masked.get_mut(pcpu as usize) {
             *m = masked;

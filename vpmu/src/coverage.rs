@@ -1,0 +1,139 @@
+//! `XENPMU_OP_COVERAGE`: the vPMU's own code coverage, for the privileged domain (ABI 1.1).
+//!
+//! Built only with the `coverage` feature, which links the `minicov` profiler runtime (LLVM's
+//! raw-profile writer, `no_std`). The counters exist only in code compiled with
+//! `-C instrument-coverage` (`scripts/coverage.sh` instruments the vPMU crates and minicov and
+//! nothing else); a build with the feature but without instrumentation answers with a valid,
+//! empty profile. Without the feature the operation is `-EOPNOTSUPP` and this module is not
+//! compiled: the default build carries no coverage code.
+//!
+//! Check order, as for every operation (docs/abi.md): built in, version, privilege, arguments,
+//! then the buffer. A read into a buffer smaller than the profile fails with `-ENOBUFS`
+//! carrying the size needed; a buffer the platform cannot write fails with `-EFAULT` (bytes
+//! before the fault may have been written: the buffer is the caller's own memory).
+
+#[cfg(feature = "coverage")]
+use vpmu_abi::XENPMU_VERSION_MAJOR;
+use vpmu_abi::ops::{CoverageParams, OpError};
+#[cfg(feature = "coverage")]
+use vpmu_abi::ops::{XENPMU_COVERAGE_GET_SIZE, XENPMU_COVERAGE_READ, XENPMU_COVERAGE_RESET};
+
+use crate::backend::PmuBackend;
+use crate::core::Vpmu;
+use crate::platform::{Platform, VcpuId};
+
+impl<B: PmuBackend> Vpmu<B> {
+    /// `XENPMU_OP_COVERAGE` for `caller`. `&mut self`: the runtime is not thread-safe, and the
+    /// exclusive borrow of the core is what serializes the callers.
+    pub(crate) fn coverage_op<P: Platform>(
+        &mut self,
+        platform: &mut P,
+        caller: VcpuId,
+        params: &CoverageParams,
+    ) -> Result<CoverageParams, OpError> {
+        #[cfg(not(feature = "coverage"))]
+        {
+            let _ = (platform, caller, params);
+            Err(OpError::NotSupported)
+        }
+        #[cfg(feature = "coverage")]
+        {
+            if params.version.major != u32::from(XENPMU_VERSION_MAJOR) {
+                return Err(OpError::VersionMismatch);
+            }
+            if caller.domain != platform.privileged_domain() {
+                return Err(OpError::NotPrivileged);
+            }
+            let mut out = *params;
+            match params.subop {
+                XENPMU_COVERAGE_GET_SIZE | XENPMU_COVERAGE_RESET
+                    if params.buffer != 0 || params.size != 0 =>
+                {
+                    return Err(OpError::InvalidArgument);
+                }
+                XENPMU_COVERAGE_GET_SIZE => out.size = runtime::size()?,
+                XENPMU_COVERAGE_RESET => runtime::reset(),
+                XENPMU_COVERAGE_READ => {
+                    let needed = runtime::size()?;
+                    if params.size < needed {
+                        return Err(OpError::BufferTooSmall { needed });
+                    }
+                    out.size = runtime::read(platform, caller, params.buffer)?;
+                }
+                _ => return Err(OpError::InvalidArgument),
+            }
+            Ok(out)
+        }
+    }
+}
+
+#[cfg(feature = "coverage")]
+mod runtime {
+    use minicov::{CoverageWriteError, CoverageWriter};
+    use vpmu_abi::ops::OpError;
+
+    use crate::platform::{Platform, VcpuId};
+
+    unsafe extern "C" {
+        /// LLVM's profile runtime (compiled into minicov): the exact size of the raw profile
+        /// a capture writes now.
+        fn __llvm_profile_get_size_for_buffer() -> u64;
+    }
+
+    /// The raw profile's size; `-ENOSPC` past 4 GiB (the ABI's size field is 32 bits).
+    pub(super) fn size() -> Result<u32, OpError> {
+        // SAFETY: a pure function of the profile sections' bounds, which the linker fixed.
+        let size = unsafe { __llvm_profile_get_size_for_buffer() };
+        u32::try_from(size).map_err(|_| OpError::NoSpace)
+    }
+
+    pub(super) fn reset() {
+        minicov::reset_coverage();
+    }
+
+    /// Streams the profile into the caller's memory at `buffer`, through the platform.
+    struct GuestBuffer<'p, P> {
+        platform: &'p mut P,
+        caller: VcpuId,
+        at: u64,
+        written: u64,
+        fault: bool,
+    }
+
+    impl<P: Platform> CoverageWriter for GuestBuffer<'_, P> {
+        fn write(&mut self, data: &[u8]) -> Result<(), CoverageWriteError> {
+            let ok = self
+                .at
+                .checked_add(self.written)
+                .is_some_and(|address| self.platform.write_guest(self.caller, address, data));
+            if !ok {
+                self.fault = true;
+                return Err(CoverageWriteError);
+            }
+            self.written += data.len() as u64;
+            Ok(())
+        }
+    }
+
+    /// Writes the profile at `buffer`; the bytes written.
+    pub(super) fn read<P: Platform>(
+        platform: &mut P,
+        caller: VcpuId,
+        buffer: u64,
+    ) -> Result<u32, OpError> {
+        let mut sink = GuestBuffer {
+            platform,
+            caller,
+            at: buffer,
+            written: 0,
+            fault: false,
+        };
+        // SAFETY: minicov's capture is not reentrant or thread-safe; the caller holds the
+        // core exclusively (`&mut Vpmu`), and the writer does not call back into the core.
+        let captured = unsafe { minicov::capture_coverage(&mut sink) };
+        match (captured, sink.fault) {
+            (Ok(()), _) => u32::try_from(sink.written).map_err(|_| OpError::NoSpace),
+            (Err(_), _) => Err(OpError::BadAddress),
+        }
+    }
+}
