@@ -79,6 +79,24 @@ fn gcc_lays_out_every_struct_as_rust_does_at_m32_and_m64() {
     }
 }
 
+/// A consumer may include the header from several of its own headers: every part of it,
+/// the helpers and assertions after cbindgen's guard included, is guarded.
+#[test]
+fn the_header_can_be_included_twice() {
+    let source = scratch("twice.c");
+    std::fs::write(
+        &source,
+        "#include \"xenpmu.h\"\n#include \"xenpmu.h\"\n\
+         /* exits 0: a zeroed page must fail the header check */\n\
+         int main(void) { xenpmu_page p = {0}; return xenpmu_page_check(&p) == 0; }\n",
+    )
+    .expect("write source");
+    for width in WIDTHS {
+        let exe = compile(&source, width, &scratch(&format!("twice_{width}")));
+        run(&exe, &[], b"");
+    }
+}
+
 /// The round-trip program at `width`, compiled once per test process: tests run in parallel
 /// and must not rewrite an executable another test is running.
 fn roundtrip_exe(width: u32) -> PathBuf {

@@ -53,26 +53,7 @@ static void take_sample(void) {
         s_user[i] = (pg->pmu_flags & XENPMU_FLAG_SAMPLE_USER) != 0;
     }
     /* Acknowledge counter 0's overflow and re-arm it (or stop it) in the vendor area. */
-    int bad;
-    if (intel) {
-        xenpmu_intel_ctxt c;
-        xenpmu_counter_pair pair;
-        bad = xenpmu_intel_ctxt_get(pg, &c) || xenpmu_intel_pair_get(pg, 0, &pair);
-        if (!bad) {
-            c.global_ovf_ctrl |= 1;
-            pair.counter = all_preset();
-            if (stopping) pair.control = 0;
-            bad = xenpmu_intel_ctxt_set(pg, &c) || xenpmu_intel_pair_set(pg, 0, &pair);
-        }
-    } else {
-        xenpmu_amd_ctxt c;
-        bad = xenpmu_amd_ctxt_get(pg, &c);
-        if (!bad) {
-            c.global_status &= ~1ul;
-            bad = xenpmu_amd_ctxt_set(pg, &c) || xenpmu_amd_counter_set(pg, 0, all_preset()) ||
-                  (stopping && xenpmu_amd_ctrl_set(pg, 0, 0));
-        }
-    }
+    int bad = page_rearm_counter0(pg, all_preset(), stopping);
     if (bad) rearm_errors++;
     struct params p = {1, 0, 0, 0, 0};
     if (hypercall(XENPMU_OP_FLUSH, &p) != 0) flush_errors++;

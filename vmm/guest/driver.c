@@ -88,3 +88,20 @@ u64 count_gp(u32 i, u64 sel, u64 n) {
     wrmsr(ctl_msr(i), 0);
     return rdmsr(ctr_msr(i));
 }
+
+int page_rearm_counter0(xenpmu_page *pg, u64 preset, int stop) {
+    if (intel) {
+        xenpmu_intel_ctxt c;
+        xenpmu_counter_pair pair;
+        if (xenpmu_intel_ctxt_get(pg, &c) || xenpmu_intel_pair_get(pg, 0, &pair)) return 1;
+        c.global_ovf_ctrl |= 1;
+        pair.counter = preset;
+        if (stop) pair.control = 0;
+        return xenpmu_intel_ctxt_set(pg, &c) || xenpmu_intel_pair_set(pg, 0, &pair);
+    }
+    xenpmu_amd_ctxt c;
+    if (xenpmu_amd_ctxt_get(pg, &c)) return 1;
+    c.global_status &= ~1ul;
+    return xenpmu_amd_ctxt_set(pg, &c) || xenpmu_amd_counter_set(pg, 0, preset) ||
+           (stop && xenpmu_amd_ctrl_set(pg, 0, 0));
+}

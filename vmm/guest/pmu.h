@@ -3,6 +3,7 @@
 #ifndef PMU_H
 #define PMU_H
 #include "rt.h"
+#include "xenpmu.h"
 
 #define USR (1ul << 16)
 #define OS (1ul << 17)
@@ -41,6 +42,9 @@ u32 global_status_msr(void);
 u32 ack_msr(void);
 u64 mask48(void);
 void measured(u32 msr, u64 on, u64 off, u64 n);
+/* In a page holding a sample: acknowledge counter 0's overflow and re-arm it with `preset`
+ * through the vendor area (or stop it, if `stop`). 0, or non-zero if the page refused an edit. */
+int page_rearm_counter0(xenpmu_page *pg, u64 preset, int stop);
 u64 count_gp(u32 i, u64 sel, u64 n);
 
 #define N 1000

@@ -291,17 +291,8 @@ impl RawProfile {
     /// 64·NumData, 8·NumCounters and NamesSize. A profile of another build has different sizes
     /// (or, rarely, the same ones: this check is necessary, not sufficient).
     pub fn check_against_elf(&self, elf: &[u8]) -> Result<(), String> {
-        // `object` reads the ELF headers in place and refuses misaligned ones; a sub-slice or an
-        // `include_bytes!` image may well be misaligned, so copy it to u64-aligned storage.
-        let words: Vec<u64> = elf
-            .chunks(8)
-            .map(|c| {
-                let mut word = [0u8; 8];
-                word[..c.len()].copy_from_slice(c);
-                u64::from_ne_bytes(word)
-            })
-            .collect();
-        let aligned = &zerocopy::IntoBytes::as_bytes(words.as_slice())[..elf.len()];
+        let aligned = crate::profile::symbols::AlignedElf::new(elf)?;
+        let aligned = aligned.bytes();
         let file = object::File::parse(aligned).map_err(|e| format!("malformed ELF: {e}"))?;
         let expected = [
             (
@@ -1010,5 +1001,31 @@ mod tests {
         // And a profile of different size must not.
         let other = RawProfile::parse(&sample().build()).unwrap();
         assert!(other.check_against_elf(&elf).is_err());
+    }
+
+    proptest::proptest! {
+        /// The profile comes from a hypervisor through a guest's buffer: any bytes parse or
+        /// fail cleanly, never panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..2048),
+        ) {
+            let _ = RawProfile::parse(&bytes);
+        }
+
+        /// The real profile with one byte changed, or cut short, parses or fails cleanly.
+        #[test]
+        fn damaged_real_profile_never_panics(
+            at in 0usize..FIXTURE.len(),
+            byte in proptest::arbitrary::any::<u8>(),
+            cut in 0usize..FIXTURE.len(),
+        ) {
+            let mut bytes = FIXTURE.to_vec();
+            bytes[at] = byte;
+            if let Ok(p) = RawProfile::parse(&bytes) {
+                let _ = (p.summary(), p.total_count(), p.covered_functions());
+            }
+            let _ = RawProfile::parse(&FIXTURE[..cut]);
+        }
     }
 }

@@ -138,6 +138,8 @@ pub struct PmiRecord {
     pub context: PmiContext,
     /// The VMM itself was interrupted, serving `running` (hv mode).
     pub hypervisor: bool,
+    /// The full interrupted register set the core was given (`Platform::interrupted`).
+    pub regs: vpmu::abi::Regs,
     /// `Some(receiver)` if the core delivered it (LVTPC or a page sample), `None` otherwise.
     pub delivered_to: Option<VcpuId>,
     /// The core routed it but dropped it (`PmiOutcome::Dropped`).

@@ -174,12 +174,18 @@ fn page_of(slot: PageSlot) -> (u32, u64) {
 }
 
 impl KvmPlatform<'_> {
-    /// Where the PMI being handled interrupted: the guest's context, or the VMM's (hv mode).
-    pub(super) fn interrupted_context(&self) -> PmiContext {
-        let regs = match self.state.hypervisor {
+    /// The registers of the context the PMI being handled interrupted: the guest's, or the
+    /// VMM's activity (hv mode).
+    pub(super) fn interrupted_regs(&self) -> Regs {
+        match self.state.hypervisor {
             Some(activity) => activity.regs(),
             None => self.state.regs,
-        };
+        }
+    }
+
+    /// Where the PMI being handled interrupted: the guest's context, or the VMM's (hv mode).
+    pub(super) fn interrupted_context(&self) -> PmiContext {
+        let regs = self.interrupted_regs();
         PmiContext {
             rip: regs.rip,
             cpl: regs.cpl,

@@ -448,6 +448,7 @@ impl<P: Personality> Runner<'_, P> {
                         running: platform.me,
                         context: platform.interrupted_context(),
                         hypervisor: platform.state.hypervisor.is_some(),
+                        regs: platform.interrupted_regs(),
                         delivered_to,
                         dropped: matches!(o, PmiOutcome::Dropped { .. }),
                     });

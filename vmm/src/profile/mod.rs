@@ -48,7 +48,8 @@ usage: vpmu profile [--duration SECONDS] [--frequency HZ] [--mode all|hv|self]
   --vendor     the PMU the guests see: intel (architectural v5, default) or amd (PerfMonV2)
   --guest      a static ELF64 guest to profile instead of the built-in workloads (repeat for
                more domains, at most 7); symbolized from its own symbol table
-  --out        output directory (default profile-out): report.txt, profile.json, flamegraph.svg
+  --out        output directory (default profile-out): report.txt, profile.json, flamegraph.svg,
+               samples.jsonl (every sample with its full register set)
   --top        functions per domain in the text report (default 10)
   --no-compare all mode with the built-in workloads also runs them in self mode to check that
                both rank each domain's functions alike (seed 002); this skips that run
@@ -277,13 +278,9 @@ impl Delivery {
     }
 }
 
-/// The per-domain report of `data` (profiler, workloads, and the hypervisor in hv mode).
-pub fn report_of(
-    data: &RunData,
-    workloads: &[DomainPlan],
-    vendor: &str,
-    duration: Duration,
-) -> Report {
+/// The domains of `data` as the report sees them: the profiler, the workloads, and the
+/// hypervisor in hv mode, each with its symbols and the samples the vpmu dropped while it ran.
+fn domain_infos(data: &RunData, workloads: &[DomainPlan]) -> Vec<DomainInfo> {
     let log = data.results.first().map_or(&[][..], |r| &r.pmi_log[..]);
     let dropped = |origin: Origin| {
         log.iter()
@@ -318,6 +315,16 @@ pub fn report_of(
             dropped: dropped(Origin::Hypervisor),
         });
     }
+    domains
+}
+
+/// The per-domain report of `data` (profiler, workloads, and the hypervisor in hv mode).
+pub fn report_of(
+    data: &RunData,
+    workloads: &[DomainPlan],
+    vendor: &str,
+    duration: Duration,
+) -> Report {
     let samples: Vec<_> = data.samples().copied().collect();
     Report::build(
         RunInfo {
@@ -328,8 +335,43 @@ pub fn report_of(
             tsc_khz: data.tsc_khz,
         },
         &samples,
-        &domains,
+        &domain_infos(data, workloads),
     )
+}
+
+/// Every sample of `data` as one JSON object per line: who it caught, where (symbolized from
+/// that domain's image), and the full register set the profiling guest read from its page.
+fn samples_jsonl(data: &RunData, workloads: &[DomainPlan]) -> String {
+    let infos = domain_infos(data, workloads);
+    let mut out = String::new();
+    for s in data.samples() {
+        let function = infos
+            .iter()
+            .find(|d| d.origin == s.origin)
+            .and_then(|d| d.symbols.lookup(s.rip));
+        let r = &s.regs;
+        let hex = |v: u64| format!("{v:#x}");
+        let line = serde_json::json!({
+            "origin": s.origin,
+            "vcpu": s.vcpu,
+            "pcpu": s.pcpu,
+            "user": s.user,
+            "function": function,
+            "shipped_by": s.shipped_by,
+            "regs": {
+                "rax": hex(r.rax), "rbx": hex(r.rbx), "rcx": hex(r.rcx), "rdx": hex(r.rdx),
+                "rsi": hex(r.rsi), "rdi": hex(r.rdi), "rbp": hex(r.rbp), "rsp": hex(r.rsp),
+                "r8": hex(r.r8), "r9": hex(r.r9), "r10": hex(r.r10), "r11": hex(r.r11),
+                "r12": hex(r.r12), "r13": hex(r.r13), "r14": hex(r.r14), "r15": hex(r.r15),
+                "rip": hex(r.rip), "rflags": hex(r.rflags),
+                "cs": r.cs, "ss": r.ss, "ds": r.ds, "es": r.es, "fs": r.fs, "gs": r.gs,
+                "cpl": r.cpl, "mode": r.mode,
+            },
+        });
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    out
 }
 
 /// The JSON document: the report, its delivery numbers, and the comparison run's.
@@ -433,6 +475,9 @@ fn profile_with<P: Personality + Copy + Sync>(
         delivery.wall_s
     );
     print!("{text}");
+    let samples = options.out.join("samples.jsonl");
+    std::fs::write(&samples, samples_jsonl(&data, &workloads))
+        .map_err(|e| format!("{}: {e}", samples.display()))?;
     write_outputs(&options.out, &report, &text, delivery, comparison.as_ref())?;
     Ok(report.checks.iter().all(|c| c.passed))
 }
@@ -461,7 +506,7 @@ fn write_outputs(
     let body = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
     std::fs::write(&json, body).map_err(|e| io(&json, e))?;
     println!(
-        "wrote {}, {} and {}",
+        "wrote {}, {}, {} and samples.jsonl",
         txt.display(),
         svg.display(),
         json.display()

@@ -222,4 +222,33 @@ mod tests {
         );
         assert!(decode(1, &[b[..10].to_vec()]).is_err());
     }
+
+    proptest::proptest! {
+        /// The batches come from a guest: any bytes decode to samples or an error, never a
+        /// panic.
+        #[test]
+        fn arbitrary_batches_never_panic(
+            batches in proptest::collection::vec(
+                proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..600),
+                0..4,
+            ),
+            shipper in proptest::arbitrary::any::<u32>(),
+        ) {
+            let _ = decode(shipper, &batches);
+        }
+
+        /// A valid batch with one byte changed or cut short still decodes or fails cleanly.
+        #[test]
+        fn damaged_batches_never_panic(
+            at in 0usize..(BATCH_HEADER + 2 * SAMPLE_SIZE),
+            byte in proptest::arbitrary::any::<u8>(),
+            cut in 0usize..(BATCH_HEADER + 2 * SAMPLE_SIZE + 1),
+        ) {
+            let mut b = batch(0, &[sample(1, 1, 0), sample(2, 2, 0)]);
+            b[at] = byte;
+            let _ = decode(0, &[b.clone()]);
+            b.truncate(cut);
+            let _ = decode(0, &[b]);
+        }
+    }
 }

@@ -208,13 +208,13 @@ impl Symbols {
 /// An ELF image `object` can parse in place: it reads headers where they lie and refuses
 /// misaligned ones, which an `include_bytes!` image or a sub-slice may well be, so a
 /// misaligned image is copied to an aligned buffer.
-enum AlignedElf<'a> {
+pub(crate) enum AlignedElf<'a> {
     InPlace(&'a [u8]),
     Copied(Vec<u64>, usize),
 }
 
 impl<'a> AlignedElf<'a> {
-    fn new(elf: &'a [u8]) -> Result<Self, String> {
+    pub(crate) fn new(elf: &'a [u8]) -> Result<Self, String> {
         if !elf.starts_with(b"\x7fELF") {
             return Err("not an ELF file (bad magic)".to_string());
         }
@@ -232,7 +232,7 @@ impl<'a> AlignedElf<'a> {
         Ok(Self::Copied(words, elf.len()))
     }
 
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Self::InPlace(b) => b,
             Self::Copied(words, len) => &zerocopy::IntoBytes::as_bytes(words.as_slice())[..*len],

@@ -16,7 +16,8 @@ pub const SHARE_TOLERANCE_PP: f64 = 5.0;
 pub const MIN_SHARE_SAMPLES: u64 = 200;
 
 /// Whether `sample` is what the VMM recorded for the PMI in `record`: the domain and vCPU that
-/// ran (or the hypervisor), the RIP and the privilege level.
+/// ran (or the hypervisor), the privilege level, and every register (the sixteen GPRs, RIP,
+/// RFLAGS, the selectors, CPL and mode) as the guest read them from its page.
 fn agrees(sample: &ProfileSample, record: &crate::machine::PmiRecord) -> bool {
     let origin = if record.hypervisor {
         Origin::Hypervisor
@@ -27,6 +28,7 @@ fn agrees(sample: &ProfileSample, record: &crate::machine::PmiRecord) -> bool {
         && sample.vcpu == record.running.vcpu
         && sample.rip == record.context.rip
         && sample.user == (record.context.cpl == 3)
+        && sample.regs == record.regs
 }
 
 /// Attribution: every sample a guest shipped, in order, against the VMM's own record of the
@@ -69,7 +71,7 @@ pub fn attribution(data: &RunData) -> Check {
     let passed = samples > 0 && matched == samples && problems.is_empty();
     let mut detail = format!(
         "{matched} of {samples} samples agree with the VMM's record of their PMI (domain, vCPU, \
-         RIP, CPL, hypervisor) ({:.1} %)",
+         CPL, hypervisor, all registers) ({:.1} %)",
         if samples == 0 {
             0.0
         } else {
@@ -208,11 +210,21 @@ mod tests {
 
     const PROFILER: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 
+    fn regs(rip: u64, cpl: u8) -> Regs {
+        Regs {
+            rip,
+            cpl,
+            r13: rip ^ 0x5555,
+            ..Regs::default()
+        }
+    }
+
     fn record(domain: u32, rip: u64, cpl: u8, hypervisor: bool) -> PmiRecord {
         PmiRecord {
             running: VcpuId { domain, vcpu: 0 },
             context: PmiContext { rip, cpl, mode: 0 },
             hypervisor,
+            regs: regs(rip, cpl),
             delivered_to: Some(PROFILER),
             dropped: false,
         }
@@ -225,7 +237,7 @@ mod tests {
             pcpu: 0,
             rip,
             user,
-            regs: Regs::default(),
+            regs: regs(rip, if user { 3 } else { 0 }),
             shipped_by: 0,
         }
     }
@@ -300,6 +312,10 @@ mod tests {
         }
         let mut s = good.to_vec();
         s[2] = sample(Origin::Domain(1), VmmActivityRip::RIP, false);
+        assert!(!attribution(&data(log(), s)).passed);
+        // One general-purpose register off.
+        let mut s = good.to_vec();
+        s[1].regs.r13 ^= 1;
         assert!(!attribution(&data(log(), s)).passed);
         // A sample the core never delivered, or one missing.
         let mut extra = good.to_vec();
