@@ -140,6 +140,12 @@ fn coverage_command(args: &[String]) -> ExitCode {
         println!("{}", coverage::USAGE);
         return ExitCode::SUCCESS;
     }
+    if args.first().map(String::as_str) == Some("report") {
+        return coverage::report_command(&args[1..]).unwrap_or_else(|e| {
+            eprintln!("vpmu coverage report: {e}");
+            ExitCode::FAILURE
+        });
+    }
     let options = match coverage::Options::parse(args) {
         Ok(o) => o,
         Err(e) => {

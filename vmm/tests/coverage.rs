@@ -51,3 +51,37 @@ fn coverage_operation_in_this_build() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The tool side alone: a saved raw profile is validated; one from another binary is refused
+/// against this one, and a damaged one is refused outright (no KVM needed).
+#[test]
+fn coverage_report_validates_a_saved_profile() {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/minicov-v10.profraw"
+    );
+    let out = std::env::temp_dir().join(format!("vpmu-coverage-report-{}", std::process::id()));
+    let run = |file: &str| {
+        Command::new(env!("CARGO_BIN_EXE_vpmu"))
+            .args(["coverage", "report", file, "--out"])
+            .arg(&out)
+            .output()
+            .expect("run the vpmu binary")
+    };
+    let result = run(fixture);
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stdout.contains("raw profile v10: 8 functions"), "{stdout}");
+    assert_eq!(result.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("does not match"), "{stderr}");
+    let damaged = out.with_extension("profraw");
+    let mut bytes = std::fs::read(fixture).expect("fixture");
+    bytes[8] = 11; // raw version 11
+    std::fs::write(&damaged, bytes).expect("write");
+    let result = run(damaged.to_str().expect("utf-8 path"));
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("version"), "{stderr}");
+    let _ = std::fs::remove_file(&damaged);
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -57,6 +57,8 @@ pub struct Report {
     pub summary_text: String,
     /// The lcov export of the selected sources (`out_dir/coverage.lcov`).
     pub lcov_path: PathBuf,
+    /// `llvm-cov show -format=html`'s index page (line by line, per source file).
+    pub html_index: PathBuf,
     /// Demangled names (with their file and line) of the selected sources' functions that no
     /// instantiation executed, sorted.
     pub uncovered_functions: Vec<String>,
@@ -186,7 +188,8 @@ pub fn merge(tools: &Tools, profraw: &Path, out_dir: &Path) -> Result<PathBuf, S
 
 /// Produces the coverage report of `binary` (the instrumented ELF the profile came from),
 /// restricted to the source files whose path contains one of `sources_filter` (for example
-/// `"/vpmu/src/"`): merges the profile into `out_dir`, writes `out_dir/coverage.lcov`, and
+/// `"/vpmu/src/"`): merges the profile into `out_dir`, writes `out_dir/coverage.lcov` and an
+/// HTML report in `out_dir/html/`, and
 /// collects `llvm-cov report`'s table, the totals and the functions never executed.
 pub fn report(
     tools: &Tools,
@@ -232,6 +235,12 @@ pub fn report(
     let lcov_path = out_dir.join("coverage.lcov");
     std::fs::write(&lcov_path, lcov)
         .map_err(|e| format!("cannot write {}: {e}", lcov_path.display()))?;
+    let html_dir = out_dir.join("html");
+    let (_, stderr) = run(cov("show")
+        .arg("-format=html")
+        .arg(format!("-output-dir={}", html_dir.display()))
+        .args(&sources))?;
+    warnings.push(stderr);
     let (full, stderr) = run(cov("export").arg("-format=text").args(&sources))?;
     warnings.push(stderr);
     let full: Value = serde_json::from_slice(&full)
@@ -248,6 +257,7 @@ pub fn report(
     Ok(Report {
         summary_text,
         lcov_path,
+        html_index: html_dir.join("index.html"),
         uncovered_functions: uncovered_functions(data, &sources),
         totals: totals(data),
     })

@@ -28,10 +28,13 @@ use profraw::RawProfile;
 /// The usage text of `vpmu coverage`.
 pub const USAGE: &str = "\
 usage: vpmu coverage [--out DIR] [--no-suite]
+       vpmu coverage report FILE.profraw [--binary INSTRUMENTED_ELF] [--out DIR]
   --out       output directory (default coverage-out): vpmu.profraw (after the conformance
               suite), after-reset.profraw, checks.txt, and with llvm-cov: report.txt,
-              coverage.lcov, uncovered.txt
+              coverage.lcov, html/, uncovered.txt
   --no-suite  read the coverage without running the conformance suite first
+  report      validate a raw profile read earlier (header, sizes, counters, names; against the
+              binary too, which defaults to this one) and report it with llvm-cov if installed
 Exit status: 0 every check passed, 1 a check failed, 2 bad options, 3 this vpmu was built
 without XENPMU_OP_COVERAGE (-EOPNOTSUPP; scripts/coverage.sh builds it), 77 no /dev/kvm.";
 
@@ -225,6 +228,64 @@ const QUIET_AFTER_RESET: [&str; 2] = ["::wrmsr", "handle_pmi"];
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `vpmu coverage report FILE [--binary ELF] [--out DIR]`: the tool side for a raw profile
+/// read earlier (by this command, or by any consumer of `XENPMU_OP_COVERAGE`).
+pub fn report_command(args: &[String]) -> Result<ExitCode, String> {
+    let mut it = args.iter();
+    let mut file = None;
+    let mut binary = None;
+    let mut out = PathBuf::from("coverage-out");
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--binary" => binary = Some(PathBuf::from(it.next().ok_or("--binary needs a value")?)),
+            "--out" => out = PathBuf::from(it.next().ok_or("--out needs a value")?),
+            other if !other.starts_with('-') && file.is_none() => file = Some(PathBuf::from(other)),
+            other => return Err(format!("unexpected argument {other}")),
+        }
+    }
+    let file = file.ok_or("vpmu coverage report needs a .profraw file")?;
+    let binary = match binary {
+        Some(b) => b,
+        None => std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?,
+    };
+    let raw = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let elf = std::fs::read(&binary).map_err(|e| format!("{}: {e}", binary.display()))?;
+    let profile = RawProfile::parse(&raw).map_err(|e| format!("{}: {e}", file.display()))?;
+    println!("{}: {}", file.display(), profile.summary());
+    if profile.num_functions() == 0 {
+        println!("an empty profile: its binary was not instrumented; nothing to report");
+        return Ok(ExitCode::SUCCESS);
+    }
+    profile
+        .check_against_elf(&elf)
+        .map_err(|e| format!("{} against {}: {e}", file.display(), binary.display()))?;
+    println!("matches {} (profile section sizes)", binary.display());
+    std::fs::create_dir_all(&out).map_err(|e| format!("--out {}: {e}", out.display()))?;
+    match llvm::find_tools() {
+        Ok(tools) => {
+            let report = llvm::report(&tools, &file, &binary, &out, &VPMU_SOURCES)?;
+            print!("{}", report.summary_text);
+            let uncovered = out.join("uncovered.txt");
+            write(
+                &uncovered,
+                (report.uncovered_functions.join("\n") + "\n").as_bytes(),
+            )?;
+            write(&out.join("report.txt"), report.summary_text.as_bytes())?;
+            println!(
+                "wrote {}, {}, {} and {}",
+                out.join("report.txt").display(),
+                report.lcov_path.display(),
+                report.html_index.display(),
+                uncovered.display()
+            );
+        }
+        Err(missing) => {
+            println!("no report: {missing}\n(the raw profile was validated without LLVM)")
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `vpmu coverage`.
@@ -422,10 +483,11 @@ pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<ExitCode, Str
                     )?;
                     let _ = writeln!(
                         text,
-                        "\n{} vPMU functions the run left uncovered: {}\nlcov: {}",
+                        "\n{} vPMU functions the run left uncovered: {}\nlcov: {}\nhtml: {}",
                         report.uncovered_functions.len(),
                         uncovered.display(),
-                        report.lcov_path.display()
+                        report.lcov_path.display(),
+                        report.html_index.display()
                     );
                     write(
                         &options.out.join("report.txt"),
