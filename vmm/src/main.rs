@@ -97,6 +97,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// `/dev/kvm` for `command`, or the clear message and exit status 77 without it.
+fn kvm_for(command: &str) -> Result<kvm_ioctls::Kvm, ExitCode> {
+    kvm::usable().map_err(|e| {
+        eprintln!(
+            "vpmu {command}: cannot run: /dev/kvm is not available ({e}). The guests run on \
+             KVM; run this on a host with /dev/kvm readable and writable by this user."
+        );
+        ExitCode::from(77)
+    })
+}
+
 /// `vpmu profile`: exit 0 if every built-in check passed, 1 if one failed or the run broke,
 /// 2 for bad options, 77 without a usable /dev/kvm.
 fn profile_command(args: &[String]) -> ExitCode {
@@ -111,15 +122,9 @@ fn profile_command(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let kvm = match kvm::usable() {
+    let kvm = match kvm_for("profile") {
         Ok(kvm) => kvm,
-        Err(e) => {
-            eprintln!(
-                "vpmu profile: cannot run: /dev/kvm is not available ({e}). The guests run on \
-                 KVM; run this on a host with /dev/kvm readable and writable by this user."
-            );
-            return ExitCode::from(77);
-        }
+        Err(code) => return code,
     };
     match profile::profile(&kvm, &options) {
         Ok(true) => ExitCode::SUCCESS,
@@ -153,15 +158,9 @@ fn coverage_command(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let kvm = match kvm::usable() {
+    let kvm = match kvm_for("coverage") {
         Ok(kvm) => kvm,
-        Err(e) => {
-            eprintln!(
-                "vpmu coverage: cannot run: /dev/kvm is not available ({e}). The guests run on \
-                 KVM; run this on a host with /dev/kvm readable and writable by this user."
-            );
-            return ExitCode::from(77);
-        }
+        Err(code) => return code,
     };
     coverage::command(&kvm, &options).unwrap_or_else(|e| {
         eprintln!("vpmu coverage: {e}");
