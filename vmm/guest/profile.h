@@ -12,7 +12,7 @@
 #define PORT_YIELD 0x17 /* outl: give the pCPU up until the next turn (or a VIRQ) */
 #define PROFILE_CONFIG_MAGIC 0x464f5250u /* "PROF" */
 #define SAMPLE_BATCH_MAGIC 0x48435442u   /* "BTCH" */
-#define BATCH_CAPACITY 256
+#define BATCH_CAPACITY 128
 
 #define ROLE_PROFILER 1
 #define ROLE_WORKLOAD 2
@@ -21,7 +21,7 @@ struct profile_config {
     u32 magic;    /* PROFILE_CONFIG_MAGIC once the VMM wrote it */
     u32 role;     /* ROLE_* */
     u32 mode;     /* XENPMU_MODE_ALL, _HV or _SELF: what the run measures */
-    u32 workload; /* the built-in workload (1..3) of a workload domain */
+    u32 workload; /* the built-in workload (1..3) of a workload domain (every vCPU runs it) */
     u64 period;   /* mean cycles between samples; 0: do not sample (the baseline run) */
     u64 jitter;   /* the period varies by -jitter/2..+jitter/2 (jitter + 1 a power of two) */
     u64 duration; /* TSC ticks to sample for */
@@ -47,12 +47,13 @@ struct sample_batch {
 /* The run's configuration (profiler.c / work.c define it). */
 extern volatile struct profile_config profile_config;
 
-/* sampler.c: the sampling half shared by the profiler and self-profiling workloads. */
+/* sampler.c: the sampling half shared by the profiler and self-profiling workloads; each
+ * call acts for the calling vCPU (its LAPIC ID indexes the arrays). */
 int sampler_start(void);     /* page, LVTPC, counter 0 = cycles (USR+OS+INT); 0 or failures */
 void sampler_ship(void);     /* ships the samples buffered so far (CPL0) */
-int sampler_ship_due(void);  /* a batch is half full or 50 ms passed since the last ship */
+int sampler_ship_due(void);  /* a batch is half full or 40 ms passed since the last ship */
 int sampler_stop(void);      /* stops the counter, ships the rest; 0 or failures */
-extern volatile u64 sampler_samples, sampler_lost, sampler_errors;
-extern xenpmu_page sampler_page;
+extern volatile u64 sampler_samples[MAX_CPUS], sampler_lost[MAX_CPUS], sampler_errors[MAX_CPUS];
+extern xenpmu_page sampler_pages[MAX_CPUS];
 
 #endif

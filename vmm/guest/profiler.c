@@ -36,14 +36,15 @@ int main(u64 arg, u64 domain) {
         if (sampling && sampler_ship_due()) sampler_ship();
     }
     int stop_failed = sampling ? sampler_stop() : 0;
+    u32 cpu = cpu_id();
     puts("profiler: samples ");
-    put_dec(sampler_samples);
+    put_dec(sampler_samples[cpu]);
     puts(", lost ");
-    put_dec(sampler_lost);
+    put_dec(sampler_lost[cpu]);
     puts(", dropped by the hypervisor ");
-    put_dec(sampler_page.dropped_samples);
+    put_dec(sampler_pages[cpu].dropped_samples);
     puts(", errors ");
-    put_dec(sampler_errors);
+    put_dec(sampler_errors[cpu]);
     puts("\n");
-    return stop_failed || sampler_errors ? 1 : 0;
+    return stop_failed || sampler_errors[cpu] ? 1 : 0;
 }

@@ -5,38 +5,42 @@
  * non-interrupt side ships the full one (`outl` needs CPL0, so a CPL3 workload ships between
  * its chunks). In all mode the page carries the pCPU's system-wide context and samples of every
  * domain; in self and hv mode the vCPU's own context (and, for the privileged profiler in hv
- * mode, samples of the hypervisor). */
+ * mode, samples of the hypervisor). Every vCPU has its own page, buffers and state (indexed by
+ * its LAPIC ID): a sample's VIRQ arrives on the vCPU whose page holds it. */
 #include "profile.h"
 
-xenpmu_page sampler_page __attribute__((aligned(4096)));
-static struct sample_batch batches[2];
-static volatile u32 filling; /* the batch the VIRQ hook appends to */
-static volatile int stopping;
-static u64 shipped_sequence, last_ship_tsc;
+xenpmu_page sampler_pages[MAX_CPUS] __attribute__((aligned(4096)));
+static struct sample_batch batches[MAX_CPUS][2];
+static volatile u32 filling[MAX_CPUS]; /* the batch the VIRQ hook appends to */
+static volatile int stopping[MAX_CPUS];
+static u64 shipped_sequence[MAX_CPUS], last_ship_tsc[MAX_CPUS];
 static u32 counter_msr;
-static u64 rng = 0x2545f4914f6cdd1dul;
-volatile u64 sampler_samples, sampler_lost, sampler_errors;
+static u64 rng[MAX_CPUS];
+volatile u64 sampler_samples[MAX_CPUS], sampler_lost[MAX_CPUS], sampler_errors[MAX_CPUS];
 
-static u64 next_preset(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
+static u64 next_preset(u32 cpu) {
+    u64 *r = &rng[cpu];
+    if (*r == 0) *r = 0x2545f4914f6cdd1dul ^ ((u64)cpu << 32); /* distinct streams per vCPU */
+    *r ^= *r << 13;
+    *r ^= *r >> 7;
+    *r ^= *r << 17;
     u64 j = profile_config.jitter;
-    u64 period = profile_config.period - j / 2 + (rng & j);
+    u64 period = profile_config.period - j / 2 + (*r & j);
     if (period < 1000) period = 1000; /* a PMI costs far more than this */
     /* Legacy Intel counters take 32 bits sign-extended: periods stay below 2^31. */
     return (0 - period) & (intel && !fw_write ? 0xfffffffful : mask48());
 }
 
 static void take_sample(void) {
-    xenpmu_page *pg = &sampler_page;
+    u32 cpu = cpu_id();
+    xenpmu_page *pg = &sampler_pages[cpu];
     __asm__ volatile("" ::: "memory"); /* the hypervisor wrote the page */
     if (xenpmu_page_check(pg) != 0) {
-        sampler_errors++;
+        sampler_errors[cpu]++;
         return;
     }
     if (!(pg->pmu_flags & XENPMU_FLAG_CACHED)) return; /* already taken (the stop path) */
-    struct sample_batch *b = &batches[filling];
+    struct sample_batch *b = &batches[cpu][filling[cpu]];
     if (b->count < BATCH_CAPACITY) {
         struct batch_sample *s = &b->samples[b->count++];
         s->domain_id = pg->identity.domain_id;
@@ -44,55 +48,60 @@ static void take_sample(void) {
         s->pcpu_id = pg->identity.pcpu_id;
         s->flags = pg->pmu_flags;
         s->regs = pg->regs;
-        sampler_samples++;
+        sampler_samples[cpu]++;
     } else {
-        sampler_lost++;
+        sampler_lost[cpu]++;
     }
-    int bad = page_rearm_counter0(pg, next_preset(), stopping);
+    int bad = page_rearm_counter0(pg, next_preset(cpu), stopping[cpu]);
     struct params p = {1, 0, 0, 0, 0};
-    if (bad || hypercall(XENPMU_OP_FLUSH, &p) != 0) sampler_errors++;
+    if (bad || hypercall(XENPMU_OP_FLUSH, &p) != 0) sampler_errors[cpu]++;
 }
 
 int sampler_start(void) {
+    u32 cpu = cpu_id();
     int failed = 0;
-    struct params ip = {1, 0, (u64)&sampler_page >> 12, 0, 0};
+    struct params ip = {1, 0, (u64)&sampler_pages[cpu] >> 12, cpu, 0};
     failed += hypercall(XENPMU_OP_INIT, &ip) != 0;
-    failed += xenpmu_page_check(&sampler_page) != 0;
-    sampler_page.lapic_lvtpc = PMI_VECTOR;
+    failed += xenpmu_page_check(&sampler_pages[cpu]) != 0;
+    sampler_pages[cpu].lapic_lvtpc = PMI_VECTOR;
     struct params lp = {1, 0, 0, 0, 0};
     failed += hypercall(XENPMU_OP_LVTPC_SET, &lp) != 0;
     virq_hook = take_sample;
     counter_msr = intel && fw_write ? INTEL_A_PMC0 : ctr_msr(0);
     if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 0);
-    failed += wrmsr_safe(counter_msr, next_preset());
+    failed += wrmsr_safe(counter_msr, next_preset(cpu));
     failed += wrmsr_safe(ctl_msr(0), ev_cycles() | USR | OS | INT | EN);
     if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 1);
-    last_ship_tsc = rdtsc();
+    last_ship_tsc[cpu] = rdtsc();
     return failed;
 }
 
 void sampler_ship(void) {
+    u32 cpu = cpu_id();
     __asm__ volatile("cli" ::: "memory");
-    u32 full = filling;
-    filling = full ^ 1;
+    u32 full = filling[cpu];
+    filling[cpu] = full ^ 1;
     __asm__ volatile("sti" ::: "memory");
-    struct sample_batch *b = &batches[full];
-    last_ship_tsc = rdtsc();
+    struct sample_batch *b = &batches[cpu][full];
+    last_ship_tsc[cpu] = rdtsc();
     if (b->count == 0) return;
     b->magic = SAMPLE_BATCH_MAGIC;
-    b->sequence = shipped_sequence++;
-    b->dropped = sampler_page.dropped_samples;
-    b->lost = sampler_lost;
+    b->sequence = shipped_sequence[cpu]++;
+    b->dropped = sampler_pages[cpu].dropped_samples;
+    b->lost = sampler_lost[cpu];
     outl(PORT_BATCH, (u32)(u64)b);
     b->count = 0;
 }
 
 int sampler_ship_due(void) {
-    return batches[filling].count >= BATCH_CAPACITY / 2 || rdtsc() - last_ship_tsc > 100000000ul;
+    u32 cpu = cpu_id();
+    return batches[cpu][filling[cpu]].count >= BATCH_CAPACITY / 2 ||
+           rdtsc() - last_ship_tsc[cpu] > 100000000ul;
 }
 
 int sampler_stop(void) {
-    stopping = 1;
+    u32 cpu = cpu_id();
+    stopping[cpu] = 1;
     int failed = 1;
     __asm__ volatile("cli" ::: "memory");
     /* A sample cached in the page: take it, which also stops the counter through the page. A

@@ -3,21 +3,22 @@
  * user_call (a round trip through CPL0 costs 120-250 us here, CPL0 being emulated). In self and
  * hv mode the domain samples itself through its own page (sampler.c) and ships its samples between
  * chunks; in all mode it never touches the PMU and runs until the VMM stops the run.
- * `work_stats` tells the VMM how much work was done (the slowdown under profiling). */
+ * Every vCPU of the domain runs the same workload with its own stack, page and counters.
+ * `work_stats[vCPU]` tells the VMM how much work was done (the slowdown under profiling). */
 #include "profile.h"
 
 volatile struct profile_config profile_config;
-/* Completed rounds and the TSC ticks they took (whole chunks only). */
+/* Per vCPU (LAPIC ID): completed rounds and the TSC ticks they took (whole chunks only). */
 volatile struct {
     u64 rounds, ticks;
-} work_stats;
+} work_stats[MAX_CPUS];
 
 u64 w1_main(u64 deadline);
 u64 w2_main(u64 deadline);
 u64 w3_main(u64 deadline);
 
 #define CHUNK_TICKS 50000000ul
-static u8 work_stack[16384] __attribute__((aligned(16)));
+static u8 work_stack[MAX_CPUS][16384] __attribute__((aligned(16)));
 
 int main(u64 arg, u64 domain) {
     (void)arg;
@@ -36,6 +37,7 @@ int main(u64 arg, u64 domain) {
         return 2;
     }
     detect();
+    u32 cpu = cpu_id();
     int sampling = profile_config.mode != XENPMU_MODE_ALL && profile_config.period != 0;
     if (sampling && sampler_start() != 0) {
         puts("work: cannot start sampling\n");
@@ -44,18 +46,18 @@ int main(u64 arg, u64 domain) {
     u64 t0 = rdtsc();
     while (!sampling || rdtsc() - t0 < profile_config.duration) {
         u64 c0 = rdtsc();
-        u64 rounds = user_call(fn, c0 + CHUNK_TICKS, work_stack + sizeof(work_stack));
-        work_stats.ticks += rdtsc() - c0;
-        work_stats.rounds += rounds;
+        u64 rounds = user_call(fn, c0 + CHUNK_TICKS, work_stack[cpu] + sizeof(work_stack[cpu]));
+        work_stats[cpu].ticks += rdtsc() - c0;
+        work_stats[cpu].rounds += rounds;
         if (sampling && sampler_ship_due()) sampler_ship();
     }
     int stop_failed = sampling ? sampler_stop() : 0;
     puts("work: samples ");
-    put_dec(sampler_samples);
+    put_dec(sampler_samples[cpu]);
     puts(", lost ");
-    put_dec(sampler_lost);
+    put_dec(sampler_lost[cpu]);
     puts(", errors ");
-    put_dec(sampler_errors);
+    put_dec(sampler_errors[cpu]);
     puts("\n");
-    return stop_failed || sampler_errors ? 1 : 0;
+    return stop_failed || sampler_errors[cpu] ? 1 : 0;
 }

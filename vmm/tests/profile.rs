@@ -101,7 +101,21 @@ fn default_all_mode() {
         let dom = domain(&doc, &serde_json::json!({ "Domain": d }));
         assert!(dom["samples"].as_u64().expect("samples") > 500, "{dom}");
         assert_eq!(dom["functions"][0]["name"], top, "{dom}");
+        // Both vCPUs of the domain (the default is two) were sampled and told apart.
+        for v in ["0", "1"] {
+            assert!(
+                dom["vcpus"][v].as_u64().expect("per-vCPU count") > 200,
+                "{dom}"
+            );
+        }
     }
+    let lines = std::fs::read_to_string(out.join("samples.jsonl")).expect("samples.jsonl");
+    let first: serde_json::Value =
+        serde_json::from_str(lines.lines().next().expect("a sample")).expect("JSON");
+    assert!(
+        first["regs"]["r15"].is_string() && first["regs"]["rip"].is_string(),
+        "{first}"
+    );
     assert!(doc["delivery"]["delivered"].as_u64().expect("delivered") > 0);
     assert!(doc["comparison"]["report"]["domains"].is_array());
     let svg = std::fs::read_to_string(out.join("flamegraph.svg")).expect("flamegraph.svg");

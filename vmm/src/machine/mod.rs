@@ -121,6 +121,8 @@ pub struct RunResult {
     pub batches: Vec<Vec<u8>>,
     /// The VMM stopped this vCPU before it wrote an exit status (shared pCPU, `finish_with`).
     pub stopped: bool,
+    /// Which vCPU this is (None only in a result made before its vCPU existed).
+    pub vcpu: Option<VcpuId>,
     /// Nanoseconds this vCPU spent in `KVM_RUN` (timed source: its CPU time).
     pub guest_ns: u128,
     /// Guest memory copied after the run (`Machine::peek_after_run`): (GPA, bytes).
@@ -199,6 +201,35 @@ pub enum Layout {
     /// host thread, which is one pCPU: `Vpmu::context_switch` at every switch. The vCPU of
     /// domain `d` is entered with RSI = `d`.
     SharedPcpu(u32),
+    /// As `SharedPcpu`, with `vcpus` vCPUs in every domain but the privileged one (which has
+    /// one): every vCPU of every domain time-sliced on one thread = one pCPU. vCPU `i` of
+    /// domain `d` is entered with RSI = `d` (its LAPIC ID is `i`).
+    SharedPcpuSmp {
+        /// Domains, the privileged one included.
+        domains: u32,
+        /// vCPUs of each unprivileged domain.
+        vcpus: u32,
+    },
+}
+
+impl Layout {
+    /// vCPUs of each domain, and the pCPUs, of this layout.
+    fn shape(self) -> (Vec<u32>, u32) {
+        match self {
+            Layout::ThreadPerVcpu(n) => (vec![n], n),
+            Layout::SharedPcpu(n) => (vec![1; n as usize], 1),
+            Layout::SharedPcpuSmp { domains, vcpus } => (
+                (0..domains)
+                    .map(|d| if d == 0 { 1 } else { vcpus })
+                    .collect(),
+                1,
+            ),
+        }
+    }
+
+    fn shared(self) -> bool {
+        !matches!(self, Layout::ThreadPerVcpu(_))
+    }
 }
 
 /// The VMs of one run, ready to run a guest program under personality `P`.
@@ -274,20 +305,14 @@ impl<P: Personality> Machine<P> {
     ) -> io::Result<Self> {
         let mut cpuid = base_cpuid.clone();
         personality.cpuid(&mut cpuid);
-        let (domains, per_domain, pcpu_count) = match layout {
-            Layout::ThreadPerVcpu(n) => (1, n, n),
-            Layout::SharedPcpu(n) => (n, 1, 1),
-        };
+        let (counts, pcpu_count) = layout.shape();
         let mut vms = Vec::new();
         let mut vcpus = Vec::new();
-        for domain in 0..domains {
+        for (domain, &per_domain) in (0u32..).zip(&counts) {
             let (vm, entry) = Vm::new(kvm, &all_pmu_msr_ranges(), image_of(domain))?;
             for i in 0..per_domain {
                 let rsp = STACK_TOP - u64::from(i) * STACK_SIZE;
-                let rsi = match layout {
-                    Layout::ThreadPerVcpu(_) => i,
-                    Layout::SharedPcpu(_) => domain,
-                };
+                let rsi = if layout.shared() { domain } else { i };
                 let fd = vm.create_vcpu(u64::from(i), &cpuid, entry, rsp, arg, u64::from(rsi))?;
                 vcpus.push((VcpuId { domain, vcpu: i }, fd));
             }
@@ -303,7 +328,7 @@ impl<P: Personality> Machine<P> {
             personality,
             layout,
             vms,
-            counts: vec![per_domain; domains as usize],
+            counts,
             vcpus,
             core: Mutex::new(Core {
                 vpmu,
@@ -350,7 +375,7 @@ impl<P: Personality> Machine<P> {
             .and_then(|(_, v)| v.fd.get_tsc_khz().ok())
             .map_or(1_000_000, u64::from);
         let barrier = Rendezvous::new(vcpus.len());
-        let shared = matches!(layout, Layout::SharedPcpu(_));
+        let shared = layout.shared();
         let runners = vcpus.into_iter().enumerate().map(|(i, (me, vcpu))| Runner {
             personality: &personality,
             vm: &vms[me.domain as usize],

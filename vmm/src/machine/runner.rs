@@ -193,6 +193,7 @@ impl<P: Personality> Runner<'_, P> {
         };
         result.elapsed = start.elapsed();
         result.pmis = self.state.pmis;
+        result.vcpu = Some(self.me);
         result.pmi_contexts = std::mem::take(&mut self.state.pmi_contexts);
         if let Err(e) = outcome {
             result.error = Some(e.to_string());

@@ -125,6 +125,7 @@ pub(super) fn run_shared<P: Personality>(
     for (result, runner) in results.iter_mut().zip(&runners) {
         result.elapsed = start.elapsed();
         result.pmis = runner.state.pmis;
+        result.vcpu = Some(runner.me);
         result.guest_ns = runner.run_ns;
         result.pmi_contexts.clone_from(&runner.state.pmi_contexts);
     }

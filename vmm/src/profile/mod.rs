@@ -39,7 +39,7 @@ use workloads::{BUILT_IN, Workload};
 /// The usage text of `vpmu profile`.
 pub const USAGE: &str = "\
 usage: vpmu profile [--duration SECONDS] [--frequency HZ] [--mode all|hv|self]
-                    [--vendor intel|amd] [--guest ELF]... [--out DIR] [--top N]
+                    [--vendor intel|amd] [--guest ELF]... [--vcpus N] [--out DIR] [--top N]
                     [--no-compare] [--sweep] [--quiet]
   --duration   seconds to sample (default 5)
   --frequency  samples per second of CPU time (default 2000; 1..=20000)
@@ -47,7 +47,10 @@ usage: vpmu profile [--duration SECONDS] [--frequency HZ] [--mode all|hv|self]
                itself and the profiler also samples the VMM; self: every domain samples itself
   --vendor     the PMU the guests see: intel (architectural v5, default) or amd (PerfMonV2)
   --guest      a static ELF64 guest to profile instead of the built-in workloads (repeat for
-               more domains, at most 7); symbolized from its own symbol table
+               more domains, at most 7); symbolized from its own symbol table. Each of its
+               vCPUs enters its entry point (RSI = domain, LAPIC ID = vCPU): a guest that is
+               not SMP-safe wants --vcpus 1
+  --vcpus      vCPUs of each workload domain (default 2; 1..=8), all on the one pCPU
   --out        output directory (default profile-out): report.txt, profile.json, flamegraph.svg,
                samples.jsonl (every sample with its full register set)
   --top        functions per domain in the text report (default 10)
@@ -79,6 +82,8 @@ pub struct Options {
     pub vendor: Vendor,
     /// User guests instead of the built-in workloads.
     pub guests: Vec<PathBuf>,
+    /// vCPUs of each workload domain.
+    pub vcpus: u32,
     /// Where the outputs go.
     pub out: PathBuf,
     /// Functions per domain in the text report.
@@ -99,6 +104,7 @@ impl Default for Options {
             mode: Mode::All,
             vendor: Vendor::Intel,
             guests: Vec::new(),
+            vcpus: 2,
             out: PathBuf::from("profile-out"),
             top: 10,
             compare: true,
@@ -108,8 +114,10 @@ impl Default for Options {
     }
 }
 
-/// The most workload domains (the profiler is one more; LAPIC IDs and TSSes allow 8 vCPUs).
+/// The most workload domains (the profiler is one more).
 const MAX_GUESTS: usize = 7;
+/// The most vCPUs per workload domain (the guests' per-vCPU state and the VMM's TSSes).
+const MAX_VCPUS: u32 = 8;
 
 impl Options {
     /// Parses the arguments after `profile`.
@@ -159,6 +167,14 @@ impl Options {
                     };
                 }
                 "--guest" => o.guests.push(PathBuf::from(value(a)?)),
+                "--vcpus" => {
+                    let v = value(a)?;
+                    o.vcpus = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_VCPUS).contains(n))
+                        .ok_or_else(|| format!("--vcpus {v}: must be 1 to {MAX_VCPUS}"))?;
+                }
                 "--out" => o.out = PathBuf::from(value(a)?),
                 "--top" => {
                     let v = value(a)?;
@@ -252,9 +268,8 @@ impl Delivery {
         let cpu_s: f64 = data
             .results
             .iter()
-            .enumerate()
-            .filter(|&(d, _)| d != 0 || data.mode != Mode::SelfOnly)
-            .map(|(_, r)| r.guest_ns as f64 / 1e9)
+            .filter(|r| r.vcpu.is_some_and(|v| v.domain != 0) || data.mode != Mode::SelfOnly)
+            .map(|r| r.guest_ns as f64 / 1e9)
             .sum();
         let stats = data.results.iter().filter_map(|r| r.stats);
         Self {
@@ -266,12 +281,9 @@ impl Delivery {
             generated: stats.clone().map(|s| s.pmis_generated).sum(),
             delivered: data.samples().count() as u64,
             dropped: stats.map(|s| s.pmis_dropped).sum(),
-            lost_in_guest: data.shipments.iter().flatten().map(|s| s.lost).sum(),
-            work_rates: data
-                .work
-                .iter()
-                .flatten()
-                .map(|w| w.rate(data.tsc_khz))
+            lost_in_guest: data.shipments.iter().map(|(_, s)| s.lost).sum(),
+            work_rates: (0..data.work.len())
+                .filter_map(|d| data.work_rate(d))
                 .collect(),
             wall_s: data.wall.as_secs_f64(),
         }
@@ -421,6 +433,7 @@ fn profile_with<P: Personality + Copy + Sync>(
         mode: options.mode,
         frequency: options.frequency,
         duration: options.duration,
+        vcpus: options.vcpus,
         workloads: workloads.clone(),
         progress: options.progress,
     };
@@ -535,9 +548,11 @@ mod tests {
     #[test]
     fn options_parse_and_bad_ones_are_named() {
         let o = Options::parse(&args(
-            "--duration 1.5 --frequency 4000 --mode hv --vendor amd --out /tmp/x --top 3 --quiet",
+            "--duration 1.5 --frequency 4000 --mode hv --vendor amd --out /tmp/x --top 3 --quiet \
+             --vcpus 3",
         ))
         .expect("valid");
+        assert_eq!(o.vcpus, 3);
         assert_eq!(o.duration, Duration::from_millis(1500));
         assert_eq!(
             (o.mode, o.vendor, o.frequency, o.top),
@@ -552,6 +567,8 @@ mod tests {
             ("--duration 0.01", "0.2 to 600"),
             ("--vendor via", "intel or amd"),
             ("--top 0", "positive"),
+            ("--vcpus 0", "1 to 8"),
+            ("--vcpus 9", "1 to 8"),
             ("--bogus", "unknown option"),
             ("--out", "needs a value"),
         ] {

@@ -80,6 +80,8 @@ pub struct DomainReport {
     pub kernel: u64,
     /// Samples lost before they reached the VMM.
     pub dropped: u64,
+    /// Samples per vCPU of the domain (for the hypervisor: the vCPU it served), by vCPU.
+    pub vcpus: std::collections::BTreeMap<u32, u64>,
     /// Every function sampled, most samples first (ties by name).
     pub functions: Vec<FunctionRow>,
 }
@@ -158,6 +160,7 @@ impl DomainReport {
 #[derive(Default)]
 struct Tally {
     functions: HashMap<String, (u64, u64)>,
+    vcpus: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Report {
@@ -192,6 +195,7 @@ impl Report {
                 .flatten()
                 .and_then(|sym| sym.lookup(s.rip))
                 .unwrap_or(UNKNOWN);
+            *tallies[i].vcpus.entry(s.vcpu).or_default() += 1;
             let counts = tallies[i].functions.entry(name.to_string()).or_default();
             if s.user {
                 counts.0 += 1;
@@ -236,6 +240,7 @@ impl Report {
                     user,
                     kernel,
                     dropped: info.map_or(0, |d| d.dropped),
+                    vcpus: tally.vcpus,
                     functions,
                 }
             })
@@ -266,13 +271,24 @@ impl Report {
             r.mode, r.vendor, r.frequency_hz, r.duration_s, r.tsc_khz
         );
         for d in &self.domains {
+            let vcpus: Vec<String> = d
+                .vcpus
+                .iter()
+                .map(|(v, n)| format!("vCPU {v}: {n}"))
+                .collect();
             let _ = writeln!(
                 out,
-                "== {}: {} samples (user {}, kernel {}), dropped {}",
+                "== {}: {} samples (user {}, kernel {}{}{}), dropped {}",
                 d.label(),
                 d.samples,
                 d.user,
                 d.kernel,
+                if vcpus.len() > 1 { "; " } else { "" },
+                if vcpus.len() > 1 {
+                    vcpus.join(", ")
+                } else {
+                    String::new()
+                },
                 d.dropped
             );
             for f in d.functions.iter().take(top) {

@@ -16,6 +16,8 @@ use super::protocol::{
 };
 use super::symbols::Symbols;
 use super::workloads::Workload;
+use vpmu::VcpuId;
+
 use crate::machine::{Layout, Machine, PRIVILEGED_DOMAIN, RunResult};
 use crate::personality::Personality;
 
@@ -80,11 +82,13 @@ pub struct Plan {
     pub duration: Duration,
     /// The workload domains (domains 1..; domain 0 is the profiler).
     pub workloads: Vec<DomainPlan>,
+    /// vCPUs of each workload domain (the profiler has one).
+    pub vcpus: u32,
     /// Draw a progress bar (on a terminal).
     pub progress: bool,
 }
 
-/// Progress counters of a workload domain (`work_stats`).
+/// Progress counters of one workload vCPU (`work_stats[vCPU]`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WorkStats {
     /// Rounds of its loop completed.
@@ -115,20 +119,28 @@ pub struct RunData {
     pub tsc_khz: u64,
     /// The counter period the samplers were given (cycles).
     pub period: u64,
-    /// Each domain's result (domain 0 first; its `pmi_log` is the VMM's record of every PMI).
+    /// Each vCPU's result, by domain, then vCPU (the first is the profiler's; its `pmi_log` is
+    /// the VMM's record of every PMI).
     pub results: Vec<RunResult>,
-    /// What each domain shipped (None: it shipped nothing).
-    pub shipments: Vec<Option<Shipment>>,
-    /// Each workload domain's progress (None: no `work_stats` in its image).
-    pub work: Vec<Option<WorkStats>>,
+    /// What each vCPU that shipped samples shipped, in the same order.
+    pub shipments: Vec<(VcpuId, Shipment)>,
+    /// Each workload domain's progress per vCPU, by domain index (empty: no `work_stats` in
+    /// its image; the profiler's is always empty).
+    pub work: Vec<Vec<WorkStats>>,
     /// Wall time of the run.
     pub wall: Duration,
 }
 
 impl RunData {
-    /// Every sample shipped, by shipping domain in domain order.
+    /// Every sample shipped, by shipping vCPU in domain and vCPU order.
     pub fn samples(&self) -> impl Iterator<Item = &super::sample::ProfileSample> {
-        self.shipments.iter().flatten().flat_map(|s| &s.samples)
+        self.shipments.iter().flat_map(|(_, s)| &s.samples)
+    }
+
+    /// A workload domain's progress: the sum of its vCPUs' rounds per second.
+    pub fn work_rate(&self, domain: usize) -> Option<f64> {
+        let vcpus = self.work.get(domain).filter(|w| !w.is_empty())?;
+        Some(vcpus.iter().map(|w| w.rate(self.tsc_khz)).sum())
     }
 }
 
@@ -188,7 +200,10 @@ pub fn run<P: Personality + Copy + Sync>(
         cpuid,
         &|d| images[d as usize],
         0,
-        Layout::SharedPcpu(domains),
+        Layout::SharedPcpuSmp {
+            domains,
+            vcpus: plan.vcpus,
+        },
     )
     .map_err(|e| format!("VM setup failed: {e}"))?;
     let tsc_khz = u64::from(machine.tsc_khz().ok_or("KVM reports no TSC frequency")?);
@@ -223,7 +238,7 @@ pub fn run<P: Personality + Copy + Sync>(
         }
         if let Some((gpa, _)) = Symbols::address_of(&w.image, WORK_STATS_SYMBOL)? {
             machine
-                .peek_after_run(domain, gpa, 16)
+                .peek_after_run(domain, gpa, 16 * plan.vcpus as usize)
                 .ok_or_else(|| format!("domain {domain}: `{WORK_STATS_SYMBOL}` is not in RAM"))?;
         }
     }
@@ -242,33 +257,42 @@ pub fn run<P: Personality + Copy + Sync>(
     });
     let wall = start.elapsed();
     let mut shipments = Vec::new();
-    let mut work = Vec::new();
-    for (d, r) in results.iter().enumerate() {
+    let mut work = vec![Vec::new(); domains as usize];
+    for r in &results {
+        let id = r.vcpu.ok_or("a vCPU result without its vCPU")?;
+        let who = format!("domain {} vCPU {}", id.domain, id.vcpu);
         if let Some(e) = &r.error {
             return Err(format!(
-                "domain {d} failed: {e}\n{}",
+                "{who} failed: {e}\n{}",
                 crate::machine::indent(&r.console, "  | ")
             ));
         }
         if !r.stopped && r.status != Some(0) {
             return Err(format!(
-                "domain {d} exited with status {:?}\n{}",
+                "{who} exited with status {:?}\n{}",
                 r.status,
                 crate::machine::indent(&r.console, "  | ")
             ));
         }
-        shipments.push(if r.batches.is_empty() {
-            None
-        } else {
-            Some(decode(d as u32, &r.batches)?)
-        });
-        work.push(r.peeked.first().map(|(_, b)| {
-            let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-            WorkStats {
-                rounds: word(0),
-                ticks: word(8),
-            }
-        }));
+        if !r.batches.is_empty() {
+            shipments.push((id, decode(id.domain, &r.batches)?));
+        }
+        // The domain's first vCPU carries its `work_stats` array, one entry per vCPU.
+        if let (Some((_, bytes)), Some(slot)) = (r.peeked.first(), work.get_mut(id.domain as usize))
+        {
+            let word = |i: usize| {
+                bytes
+                    .get(i..i + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u64::from_le_bytes)
+            };
+            *slot = (0..plan.vcpus as usize)
+                .map(|v| WorkStats {
+                    rounds: word(16 * v),
+                    ticks: word(16 * v + 8),
+                })
+                .collect();
+        }
     }
     Ok(RunData {
         mode: plan.mode,

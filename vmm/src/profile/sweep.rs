@@ -86,6 +86,7 @@ pub fn sweep<P: Personality + Copy + Sync>(
         mode,
         frequency,
         duration: options.duration,
+        vcpus: options.vcpus,
         workloads: workloads.to_vec(),
         progress: options.progress,
     };

@@ -2,8 +2,6 @@
 //! the built-in workloads' shares against their construction, and the seed-002 check (a domain
 //! profiled passively in all mode and by itself in self mode agree on its top functions).
 
-use vpmu::VcpuId;
-
 use super::report::{Check, Report};
 use super::run::RunData;
 use super::sample::{Origin, ProfileSample};
@@ -37,12 +35,8 @@ fn agrees(sample: &ProfileSample, record: &crate::machine::PmiRecord) -> bool {
 pub fn attribution(data: &RunData) -> Check {
     let log = data.results.first().map_or(&[][..], |r| &r.pmi_log[..]);
     let (mut samples, mut matched, mut problems) = (0u64, 0u64, Vec::new());
-    for (domain, shipment) in data.shipments.iter().enumerate() {
-        let Some(shipment) = shipment else { continue };
-        let receiver = VcpuId {
-            domain: domain as u32,
-            vcpu: 0,
-        };
+    for &(receiver, ref shipment) in &data.shipments {
+        let who = format!("domain {} vCPU {}", receiver.domain, receiver.vcpu);
         let records: Vec<_> = log
             .iter()
             .filter(|r| r.delivered_to == Some(receiver))
@@ -56,13 +50,13 @@ pub fn attribution(data: &RunData) -> Check {
             .count() as u64;
         if shipment.lost != 0 {
             problems.push(format!(
-                "domain {domain} lost {} samples (its buffers were full)",
+                "{who} lost {} samples (its buffers were full)",
                 shipment.lost
             ));
         }
         if shipment.samples.len() != records.len() {
             problems.push(format!(
-                "domain {domain} shipped {} samples, the core delivered {} to it",
+                "{who} shipped {} samples, the core delivered {} to it",
                 shipment.samples.len(),
                 records.len()
             ));
@@ -206,6 +200,7 @@ mod tests {
     use crate::profile::protocol::Shipment;
     use crate::profile::run::{Mode, RunData};
     use std::time::Duration;
+    use vpmu::VcpuId;
     use vpmu::abi::Regs;
 
     const PROFILER: VcpuId = VcpuId { domain: 0, vcpu: 0 };
@@ -255,14 +250,14 @@ mod tests {
                 },
                 RunResult::default(),
             ],
-            shipments: vec![
-                Some(Shipment {
+            shipments: vec![(
+                PROFILER,
+                Shipment {
                     samples,
                     ..Shipment::default()
-                }),
-                None,
-            ],
-            work: vec![None, None],
+                },
+            )],
+            work: vec![Vec::new(), Vec::new()],
             wall: Duration::from_secs(1),
         }
     }
