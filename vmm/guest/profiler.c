@@ -28,11 +28,17 @@ int main(u64 arg, u64 domain) {
         return 4;
     }
     u64 t0 = rdtsc();
-    /* Block between samples: yield the pCPU; the PMU VIRQ brings the profiler back at once
-     * (the VMM runs a vCPU sent the VIRQ next). CPL0 code runs emulated and slowly here, so
-     * an idle loop that kept the pCPU would cost the workloads dearly. */
+    /* All and self mode: block between samples, yielding the pCPU; the PMU VIRQ brings the
+     * profiler back at once (the VMM runs a vCPU sent the VIRQ next). CPL0 code runs emulated
+     * and slowly here, so an idle loop that kept the pCPU would cost the workloads dearly.
+     * hv mode profiles the hypervisor, whose time the profiler's counters see only while the
+     * profiler is the vCPU being served: it idles with port reads, each one VMM work. */
+    int hv = profile_config.mode == XENPMU_MODE_HV;
     while (rdtsc() - t0 < profile_config.duration) {
-        outl(PORT_YIELD, 0);
+        if (hv)
+            (void)inl(PORT_SLICES);
+        else
+            outl(PORT_YIELD, 0);
         if (sampling && sampler_ship_due()) sampler_ship();
     }
     int stop_failed = sampling ? sampler_stop() : 0;
