@@ -94,7 +94,7 @@ fn run_cases<P: Personality + Copy + Sync>(
             let results = machine.run(CASE_TIMEOUT);
             let label = match layout {
                 Layout::ThreadPerVcpu(_) => "vcpu",
-                Layout::SharedPcpu(_) | Layout::SharedPcpuSmp { .. } => "dom",
+                Layout::SharedPcpu(_) | Layout::SharedPcpus { .. } => "dom",
             };
             let mut result = merge(&results, label);
             if result.console.starts_with("NOCASE") {

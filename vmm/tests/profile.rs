@@ -110,11 +110,29 @@ fn default_all_mode() {
         }
     }
     let lines = std::fs::read_to_string(out.join("samples.jsonl")).expect("samples.jsonl");
-    let first: serde_json::Value =
-        serde_json::from_str(lines.lines().next().expect("a sample")).expect("JSON");
+    let samples: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON sample"))
+        .collect();
+    let first = &samples[0];
     assert!(
         first["regs"]["r15"].is_string() && first["regs"]["rip"].is_string(),
         "{first}"
+    );
+    // The default machine has two pCPUs, each profiled by its own profiler vCPU; vCPU i of a
+    // workload domain runs on pCPU i.
+    assert_eq!(doc["report"]["run"]["pcpus"], 2);
+    for pcpu in [0, 1] {
+        assert!(
+            samples.iter().any(|s| s["pcpu"] == pcpu),
+            "no sample of pCPU {pcpu}"
+        );
+    }
+    let profiler = serde_json::json!({ "Domain": 0 });
+    assert!(
+        samples
+            .iter()
+            .all(|s| s["origin"] == profiler || s["pcpu"] == s["vcpu"])
     );
     assert!(doc["delivery"]["delivered"].as_u64().expect("delivered") > 0);
     assert!(doc["comparison"]["report"]["domains"].is_array());

@@ -142,6 +142,8 @@ pub struct PmiRecord {
     pub hypervisor: bool,
     /// The full interrupted register set the core was given (`Platform::interrupted`).
     pub regs: vpmu::abi::Regs,
+    /// The pCPU whose PMI it was.
+    pub pcpu: u32,
     /// `Some(receiver)` if the core delivered it (LVTPC or a page sample), `None` otherwise.
     pub delivered_to: Option<VcpuId>,
     /// The core routed it but dropped it (`PmiOutcome::Dropped`).
@@ -186,9 +188,10 @@ struct Core<P: Personality> {
     pmi_log: Vec<PmiRecord>,
     /// LVTPC deliveries queued for vCPUs other than the raising thread's.
     queued_lvtpc: Vec<QueuedPmi>,
-    /// Shared pCPU: a vCPU that was sent the PMU VIRQ while another ran, to run next (the
-    /// profiler flushes its sample sooner, as a hypervisor scheduler boosts a woken vCPU).
-    wake: Option<VcpuId>,
+    /// Shared pCPUs: vCPUs that were sent the PMU VIRQ while another ran, to run next on
+    /// their pCPU (the profiler flushes its sample sooner, as a hypervisor scheduler boosts a
+    /// woken vCPU).
+    wake: Vec<VcpuId>,
 }
 
 /// How the vCPUs of a run map to domains, host threads and pCPUs.
@@ -201,10 +204,14 @@ pub enum Layout {
     /// host thread, which is one pCPU: `Vpmu::context_switch` at every switch. The vCPU of
     /// domain `d` is entered with RSI = `d`.
     SharedPcpu(u32),
-    /// As `SharedPcpu`, with `vcpus` vCPUs in every domain but the privileged one (which has
-    /// one): every vCPU of every domain time-sliced on one thread = one pCPU. vCPU `i` of
-    /// domain `d` is entered with RSI = `d` (its LAPIC ID is `i`).
-    SharedPcpuSmp {
+    /// The whole machine: `pcpus` host threads, each one pCPU that time-slices its vCPUs as
+    /// `SharedPcpu` does. The privileged domain has one vCPU per pCPU (vCPU `p` on pCPU `p`:
+    /// in all mode it profiles that pCPU); every other domain has `vcpus` vCPUs, vCPU `i` on
+    /// pCPU `i mod pcpus`. vCPU `i` of domain `d` is entered with RSI = `d` (its LAPIC ID is
+    /// `i`).
+    SharedPcpus {
+        /// pCPUs (host threads).
+        pcpus: u32,
         /// Domains, the privileged one included.
         domains: u32,
         /// vCPUs of each unprivileged domain.
@@ -218,12 +225,24 @@ impl Layout {
         match self {
             Layout::ThreadPerVcpu(n) => (vec![n], n),
             Layout::SharedPcpu(n) => (vec![1; n as usize], 1),
-            Layout::SharedPcpuSmp { domains, vcpus } => (
+            Layout::SharedPcpus {
+                pcpus,
+                domains,
+                vcpus,
+            } => (
                 (0..domains)
-                    .map(|d| if d == 0 { 1 } else { vcpus })
+                    .map(|d| if d == 0 { pcpus } else { vcpus })
                     .collect(),
-                1,
+                pcpus,
             ),
+        }
+    }
+
+    /// The pCPU a vCPU runs on in a shared layout (it never moves).
+    fn home_pcpu(self, vcpu: VcpuId) -> u32 {
+        match self {
+            Layout::SharedPcpus { pcpus, .. } => vcpu.vcpu % pcpus.max(1),
+            _ => 0,
         }
     }
 
@@ -337,7 +356,7 @@ impl<P: Personality> Machine<P> {
                 physical_masked: vec![false; pcpu_count as usize],
                 pmi_log: Vec::new(),
                 queued_lvtpc: Vec::new(),
-                wake: None,
+                wake: Vec::new(),
             }),
             pages: Mutex::new(Vec::new()),
             shipped: Arc::new(AtomicU64::new(0)),
@@ -386,7 +405,11 @@ impl<P: Personality> Machine<P> {
             shipped: &shipped,
             vcpu,
             me,
-            pcpu: if shared { 0 } else { i as u32 },
+            pcpu: if shared {
+                layout.home_pcpu(me)
+            } else {
+                i as u32
+            },
             count,
             barrier: &barrier,
             state: PlatformState::default(),
@@ -398,9 +421,10 @@ impl<P: Personality> Machine<P> {
             fed_cycles: 0,
             slices: 0,
             activity: platform::VmmActivity::Other,
+            group: Vec::new(),
         });
         let mut results = if shared {
-            sched::run_shared(runners.collect(), timeout, finish_with.as_deref())
+            Self::run_pcpus(runners.collect(), timeout, finish_with.as_deref(), &core)
         } else {
             Self::run_threads(runners, timeout)
         };
@@ -414,6 +438,63 @@ impl<P: Personality> Machine<P> {
             if let (Some(bytes), Some(r)) = (bytes, first.and_then(|i| results.get_mut(i))) {
                 r.peeked.push((gpa, bytes));
             }
+        }
+        results
+    }
+
+    /// Shared layouts: one thread per pCPU, each time-slicing its vCPUs (`sched`). Results
+    /// in vCPU creation order; the VMM's PMI record (on the first result) and the core's
+    /// statistics filled in once every pCPU is done.
+    fn run_pcpus<'r>(
+        runners: Vec<Runner<'r, P>>,
+        timeout: Duration,
+        finish_with: Option<&[u32]>,
+        core: &Mutex<Core<P>>,
+    ) -> Vec<RunResult>
+    where
+        P: Sync + 'r,
+        P::Model: Send,
+        P::Backend: Send,
+        Ctx<P>: Send,
+    {
+        let ids: Vec<VcpuId> = runners.iter().map(|r| r.me).collect();
+        let pcpus = runners.iter().map(|r| r.pcpu).max().map_or(0, |p| p + 1);
+        let mut groups: Vec<Vec<Runner<'r, P>>> = (0..pcpus).map(|_| Vec::new()).collect();
+        for r in runners {
+            let p = r.pcpu as usize;
+            groups[p].push(r);
+        }
+        let mut results: Vec<RunResult> = if groups.len() == 1 {
+            let group = groups.pop().unwrap_or_default();
+            sched::run_shared(group, timeout, finish_with)
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = groups
+                    .into_iter()
+                    .map(|group| s.spawn(move || sched::run_shared(group, timeout, finish_with)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            vec![RunResult {
+                                error: Some("pCPU thread panicked".into()),
+                                ..RunResult::default()
+                            }]
+                        })
+                    })
+                    .collect()
+            })
+        };
+        results.sort_by_key(|r| r.vcpu.and_then(|v| ids.iter().position(|i| *i == v)));
+        let guard = core.lock().expect("vpmu core lock");
+        for (i, r) in results.iter_mut().enumerate() {
+            r.pmi_log = if i == 0 {
+                guard.pmi_log.clone()
+            } else {
+                Vec::new()
+            };
+            r.stats = r.vcpu.and_then(|v| guard.vcpus.vcpu(v)).map(|v| *v.stats());
         }
         results
     }

@@ -159,8 +159,8 @@ pub(super) struct KvmPlatform<'a> {
     pub(super) physical_masked: &'a mut [bool],
     /// LVTPC deliveries waiting for their receivers' run loops (all vCPUs').
     pub(super) queued: &'a mut Vec<QueuedPmi>,
-    /// The vCPU to run next on a shared pCPU (sent the PMU VIRQ while not running).
-    pub(super) wake: &'a mut Option<VcpuId>,
+    /// vCPUs to run next on their shared pCPUs (sent the PMU VIRQ while not running).
+    pub(super) wake: &'a mut Vec<VcpuId>,
     pub(super) state: &'a mut PlatformState,
 }
 
@@ -315,8 +315,8 @@ impl Platform for KvmPlatform<'_> {
     fn raise_pmu_virq(&mut self, vcpu: VcpuId) {
         if vcpu == self.me {
             self.state.injected = Some(VIRQ_VECTOR);
-        } else {
-            *self.wake = Some(vcpu);
+        } else if !self.wake.contains(&vcpu) {
+            self.wake.push(vcpu);
         }
         // An MSI through the receiver's VM (a VM ioctl: safe from any thread). For a vCPU that
         // is not running (another domain's on a shared pCPU) KVM only sets the IRR bit, and the

@@ -53,6 +53,8 @@ pub(super) struct Runner<'a, P: Personality> {
     pub(super) slices: u32,
     /// The exit the VMM handled last (what a hypervisor sample caught).
     pub(super) activity: VmmActivity,
+    /// Shared pCPU: the other vCPUs time-sliced on this one's pCPU (set by `sched`).
+    pub(super) group: Vec<VcpuId>,
 }
 
 /// At most this many PMIs are kept in the VMM's record (`RunResult::pmi_log`): a minute of
@@ -228,8 +230,8 @@ impl<P: Personality> Runner<'_, P> {
             exits += 1;
             let (counting, until_pmi, queued) = {
                 let core = self.core.lock().expect("vpmu core lock");
-                if slice.is_some() && core.wake.is_some_and(|w| w != self.me) {
-                    // A vCPU on this pCPU was sent the PMU VIRQ: let it run now.
+                if slice.is_some() && core.wake.iter().any(|w| self.group.contains(w)) {
+                    // Another vCPU of this pCPU was sent the PMU VIRQ: let it run now.
                     return Ok(false);
                 }
                 let queued = core.queued_lvtpc.iter().any(|q| q.to == self.me);
@@ -450,6 +452,7 @@ impl<P: Personality> Runner<'_, P> {
                         context: platform.interrupted_context(),
                         hypervisor: platform.state.hypervisor.is_some(),
                         regs: platform.interrupted_regs(),
+                        pcpu,
                         delivered_to,
                         dropped: matches!(o, PmiOutcome::Dropped { .. }),
                     });

@@ -19,7 +19,7 @@ pub(super) const SLICE_EXITS: u64 = 7;
 /// Runs `runners` (all on the same pCPU) alternately until each writes its exit status,
 /// fails, or `timeout` passes; with `finish_with`, until those domains' vCPUs have (the
 /// others are stopped). A vCPU sent the PMU VIRQ while another runs ends that slice and runs
-/// next. Results in the order of `runners`.
+/// next. Results in the order of `runners` (the caller adds the PMI record and statistics).
 pub(super) fn run_shared<P: Personality>(
     mut runners: Vec<Runner<'_, P>>,
     timeout: Duration,
@@ -32,6 +32,10 @@ pub(super) fn run_shared<P: Personality>(
         .iter()
         .map(|r| finish_with.is_none_or(|d| d.contains(&r.me.domain)))
         .collect();
+    let group: Vec<_> = runners.iter().map(|r| r.me).collect();
+    for r in &mut runners {
+        r.group.clone_from(&group);
+    }
     let Some(first) = runners.first_mut() else {
         return results;
     };
@@ -62,9 +66,7 @@ pub(super) fn run_shared<P: Personality>(
         kick.retarget(runner.vcpu.fd.get_kvm_run());
         let (me, pcpu) = (runner.me, runner.pcpu);
         let switched = with_core!(runner, |platform, core| {
-            if *platform.wake == Some(me) {
-                *platform.wake = None;
-            }
+            platform.wake.retain(|w| *w != me);
             core.vpmu.context_switch(
                 &mut platform,
                 &mut core.pcpus,
@@ -88,12 +90,15 @@ pub(super) fn run_shared<P: Personality>(
                 done[i] = true;
             }
         }
-        // The boost: a vCPU that was sent the PMU VIRQ runs next.
-        let woken = runner.core.lock().expect("vpmu core lock").wake;
-        if let Some(w) = woken.and_then(|w| runners.iter().position(|r| r.me == w)) {
-            if !done[w] {
-                boosted = Some(w);
-            }
+        // The boost: a vCPU of this pCPU that was sent the PMU VIRQ runs next.
+        let woken = {
+            let core = runner.core.lock().expect("vpmu core lock");
+            core.wake
+                .iter()
+                .find_map(|w| runners.iter().position(|r| r.me == *w))
+        };
+        if let Some(w) = woken.filter(|&w| !done[w]) {
+            boosted = Some(w);
         }
     }
     for (result, finished) in results.iter_mut().zip(&done) {
@@ -111,15 +116,6 @@ pub(super) fn run_shared<P: Personality>(
         ));
         if let (Err(e), Some(r)) = (off, results.first_mut()) {
             r.error.get_or_insert(format!("context_switch: {e:?}"));
-        }
-    }
-    if let Some(runner) = runners.first() {
-        let core = runner.core.lock().expect("vpmu core lock");
-        if let Some(first) = results.first_mut() {
-            first.pmi_log.clone_from(&core.pmi_log);
-        }
-        for (result, runner) in results.iter_mut().zip(&runners) {
-            result.stats = core.vcpus.vcpu(runner.me).map(|v| *v.stats());
         }
     }
     for (result, runner) in results.iter_mut().zip(&runners) {

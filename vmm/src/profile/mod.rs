@@ -39,7 +39,8 @@ use workloads::{BUILT_IN, Workload};
 /// The usage text of `vpmu profile`.
 pub const USAGE: &str = "\
 usage: vpmu profile [--duration SECONDS] [--frequency HZ] [--mode all|hv|self]
-                    [--vendor intel|amd] [--guest ELF]... [--vcpus N] [--out DIR] [--top N]
+                    [--vendor intel|amd] [--guest ELF]... [--vcpus N] [--pcpus N]
+                    [--out DIR] [--top N]
                     [--no-compare] [--sweep] [--quiet]
   --duration   seconds to sample (default 5)
   --frequency  samples per second of CPU time (default 2000; 1..=20000)
@@ -50,7 +51,9 @@ usage: vpmu profile [--duration SECONDS] [--frequency HZ] [--mode all|hv|self]
                more domains, at most 7); symbolized from its own symbol table. Each of its
                vCPUs enters its entry point (RSI = domain, LAPIC ID = vCPU): a guest that is
                not SMP-safe wants --vcpus 1
-  --vcpus      vCPUs of each workload domain (default 2; 1..=8), all on the one pCPU
+  --vcpus      vCPUs of each workload domain (default 2; 1..=8); vCPU i on pCPU i mod pcpus
+  --pcpus      pCPUs, each a host thread time-slicing its vCPUs (default 2; 1..=8); the
+               profiling domain has one vCPU per pCPU
   --out        output directory (default profile-out): report.txt, profile.json, flamegraph.svg,
                samples.jsonl (every sample with its full register set)
   --top        functions per domain in the text report (default 10)
@@ -84,6 +87,8 @@ pub struct Options {
     pub guests: Vec<PathBuf>,
     /// vCPUs of each workload domain.
     pub vcpus: u32,
+    /// pCPUs (host threads).
+    pub pcpus: u32,
     /// Where the outputs go.
     pub out: PathBuf,
     /// Functions per domain in the text report.
@@ -105,6 +110,7 @@ impl Default for Options {
             vendor: Vendor::Intel,
             guests: Vec::new(),
             vcpus: 2,
+            pcpus: 2,
             out: PathBuf::from("profile-out"),
             top: 10,
             compare: true,
@@ -118,6 +124,8 @@ impl Default for Options {
 const MAX_GUESTS: usize = 7;
 /// The most vCPUs per workload domain (the guests' per-vCPU state and the VMM's TSSes).
 const MAX_VCPUS: u32 = 8;
+/// The most pCPUs (host threads); the profiling domain has one vCPU per pCPU.
+const MAX_PCPUS: u32 = 8;
 
 impl Options {
     /// Parses the arguments after `profile`.
@@ -167,6 +175,14 @@ impl Options {
                     };
                 }
                 "--guest" => o.guests.push(PathBuf::from(value(a)?)),
+                "--pcpus" => {
+                    let v = value(a)?;
+                    o.pcpus = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_PCPUS).contains(n))
+                        .ok_or_else(|| format!("--pcpus {v}: must be 1 to {MAX_PCPUS}"))?;
+                }
                 "--vcpus" => {
                     let v = value(a)?;
                     o.vcpus = v
@@ -345,6 +361,8 @@ pub fn report_of(
             frequency_hz: data.frequency,
             duration_s: duration.as_secs_f64(),
             tsc_khz: data.tsc_khz,
+            pcpus: data.pcpus,
+            vcpus: data.vcpus,
         },
         &samples,
         &domain_infos(data, workloads),
@@ -434,6 +452,7 @@ fn profile_with<P: Personality + Copy + Sync>(
         frequency: options.frequency,
         duration: options.duration,
         vcpus: options.vcpus,
+        pcpus: options.pcpus,
         workloads: workloads.clone(),
         progress: options.progress,
     };
@@ -549,10 +568,10 @@ mod tests {
     fn options_parse_and_bad_ones_are_named() {
         let o = Options::parse(&args(
             "--duration 1.5 --frequency 4000 --mode hv --vendor amd --out /tmp/x --top 3 --quiet \
-             --vcpus 3",
+             --vcpus 3 --pcpus 1",
         ))
         .expect("valid");
-        assert_eq!(o.vcpus, 3);
+        assert_eq!((o.vcpus, o.pcpus), (3, 1));
         assert_eq!(o.duration, Duration::from_millis(1500));
         assert_eq!(
             (o.mode, o.vendor, o.frequency, o.top),
@@ -568,6 +587,7 @@ mod tests {
             ("--vendor via", "intel or amd"),
             ("--top 0", "positive"),
             ("--vcpus 0", "1 to 8"),
+            ("--pcpus 0", "1 to 8"),
             ("--vcpus 9", "1 to 8"),
             ("--bogus", "unknown option"),
             ("--out", "needs a value"),

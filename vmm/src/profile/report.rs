@@ -37,6 +37,10 @@ pub struct RunInfo {
     pub duration_s: f64,
     /// The guest TSC frequency.
     pub tsc_khz: u64,
+    /// pCPUs (host threads) of the run.
+    pub pcpus: u32,
+    /// vCPUs of each workload domain.
+    pub vcpus: u32,
 }
 
 /// A sanity check on the run, printed with the report.
@@ -267,8 +271,8 @@ impl Report {
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "vpmu profile: {} mode, {}, {} Hz, {:.1} s, TSC {} kHz",
-            r.mode, r.vendor, r.frequency_hz, r.duration_s, r.tsc_khz
+            "vpmu profile: {} mode, {}, {} Hz, {:.1} s, TSC {} kHz, {} pCPUs, {} vCPUs per workload domain",
+            r.mode, r.vendor, r.frequency_hz, r.duration_s, r.tsc_khz, r.pcpus, r.vcpus
         );
         for d in &self.domains {
             let vcpus: Vec<String> = d
@@ -412,6 +416,8 @@ mod tests {
             frequency_hz: 1000,
             duration_s: 2.0,
             tsc_khz: 2_000_000,
+            pcpus: 1,
+            vcpus: 1,
         }
     }
 

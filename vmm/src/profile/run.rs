@@ -82,8 +82,10 @@ pub struct Plan {
     pub duration: Duration,
     /// The workload domains (domains 1..; domain 0 is the profiler).
     pub workloads: Vec<DomainPlan>,
-    /// vCPUs of each workload domain (the profiler has one).
+    /// vCPUs of each workload domain.
     pub vcpus: u32,
+    /// pCPUs (host threads); the profiler has one vCPU per pCPU.
+    pub pcpus: u32,
     /// Draw a progress bar (on a terminal).
     pub progress: bool,
 }
@@ -119,6 +121,10 @@ pub struct RunData {
     pub tsc_khz: u64,
     /// The counter period the samplers were given (cycles).
     pub period: u64,
+    /// The plan's pCPUs.
+    pub pcpus: u32,
+    /// The plan's vCPUs per workload domain.
+    pub vcpus: u32,
     /// Each vCPU's result, by domain, then vCPU (the first is the profiler's; its `pmi_log` is
     /// the VMM's record of every PMI).
     pub results: Vec<RunResult>,
@@ -200,7 +206,8 @@ pub fn run<P: Personality + Copy + Sync>(
         cpuid,
         &|d| images[d as usize],
         0,
-        Layout::SharedPcpuSmp {
+        Layout::SharedPcpus {
+            pcpus: plan.pcpus,
             domains,
             vcpus: plan.vcpus,
         },
@@ -299,6 +306,8 @@ pub fn run<P: Personality + Copy + Sync>(
         frequency: plan.frequency,
         tsc_khz,
         period,
+        pcpus: plan.pcpus,
+        vcpus: plan.vcpus,
         results,
         shipments,
         work,

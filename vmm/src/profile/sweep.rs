@@ -87,6 +87,7 @@ pub fn sweep<P: Personality + Copy + Sync>(
         frequency,
         duration: options.duration,
         vcpus: options.vcpus,
+        pcpus: options.pcpus,
         workloads: workloads.to_vec(),
         progress: options.progress,
     };

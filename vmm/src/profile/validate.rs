@@ -14,9 +14,15 @@ pub const SHARE_TOLERANCE_PP: f64 = 5.0;
 pub const MIN_SHARE_SAMPLES: u64 = 200;
 
 /// Whether `sample` is what the VMM recorded for the PMI in `record`: the domain and vCPU that
-/// ran (or the hypervisor), the privilege level, and every register (the sixteen GPRs, RIP,
-/// RFLAGS, the selectors, CPL and mode) as the guest read them from its page.
+/// ran (or the hypervisor), the privilege level, every register (the sixteen GPRs, RIP,
+/// RFLAGS, the selectors, CPL and mode) as the guest read them from its page, and the pCPU
+/// (for the privileged receiver; an unprivileged one is shown its vCPU number instead).
 fn agrees(sample: &ProfileSample, record: &crate::machine::PmiRecord) -> bool {
+    // The physical CPU is the privileged domain's to see; others see their vCPU number.
+    let pcpu = match record.delivered_to {
+        Some(to) if to.domain == crate::machine::PRIVILEGED_DOMAIN => record.pcpu,
+        _ => sample.vcpu,
+    };
     let origin = if record.hypervisor {
         Origin::Hypervisor
     } else {
@@ -27,6 +33,7 @@ fn agrees(sample: &ProfileSample, record: &crate::machine::PmiRecord) -> bool {
         && sample.rip == record.context.rip
         && sample.user == (record.context.cpl == 3)
         && sample.regs == record.regs
+        && sample.pcpu == pcpu
 }
 
 /// Attribution: every sample a guest shipped, in order, against the VMM's own record of the
@@ -65,7 +72,7 @@ pub fn attribution(data: &RunData) -> Check {
     let passed = samples > 0 && matched == samples && problems.is_empty();
     let mut detail = format!(
         "{matched} of {samples} samples agree with the VMM's record of their PMI (domain, vCPU, \
-         CPL, hypervisor, all registers) ({:.1} %)",
+         pCPU, CPL, hypervisor, all registers) ({:.1} %)",
         if samples == 0 {
             0.0
         } else {
@@ -220,6 +227,7 @@ mod tests {
             context: PmiContext { rip, cpl, mode: 0 },
             hypervisor,
             regs: regs(rip, cpl),
+            pcpu: 0,
             delivered_to: Some(PROFILER),
             dropped: false,
         }
@@ -243,6 +251,8 @@ mod tests {
             frequency: 1000,
             tsc_khz: 1_000_000,
             period: 1_000_000,
+            pcpus: 1,
+            vcpus: 1,
             results: vec![
                 RunResult {
                     pmi_log: log,
@@ -308,6 +318,10 @@ mod tests {
         let mut s = good.to_vec();
         s[2] = sample(Origin::Domain(1), VmmActivityRip::RIP, false);
         assert!(!attribution(&data(log(), s)).passed);
+        // The wrong pCPU.
+        let mut s = good.to_vec();
+        s[0].pcpu = 1;
+        assert!(!attribution(&data(log(), s)).passed);
         // One general-purpose register off.
         let mut s = good.to_vec();
         s[1].regs.r13 ^= 1;
@@ -339,6 +353,8 @@ mod tests {
             frequency_hz: 1000,
             duration_s: 1.0,
             tsc_khz: 1,
+            pcpus: 1,
+            vcpus: 1,
         };
         let domain = DomainInfo {
             origin: Origin::Domain(1),
