@@ -154,10 +154,14 @@ void rt_init(void) {
         u16 limit;
         u64 base;
     } __attribute__((packed)) idtr = {sizeof(idt) - 1, (u64)idt};
-    for (int i = 0; i < 32; i++) set_gate(i, other_handler);
-    set_gate(2, nmi_handler);
-    set_gate(6, ud_handler);
-    set_gate(13, gp_handler);
+    /* Every vCPU of a domain runs this on the one shared IDT, possibly at the same time as
+     * another vCPU that already takes exceptions: write each gate once, with its final
+     * handler (never a placeholder first), so a concurrent rewrite stores identical bytes. */
+    for (int i = 0; i < 32; i++)
+        set_gate(i, i == 2 ? (void *)nmi_handler
+                    : i == 6 ? (void *)ud_handler
+                    : i == 13 ? (void *)gp_handler
+                              : (void *)other_handler);
     set_gate(PMI_VECTOR, pmi_handler);
     set_gate(VIRQ_VECTOR, virq_handler);
     __asm__ volatile("lidt %0" ::"m"(idtr));

@@ -155,15 +155,15 @@ pub fn sweep<P: Personality + Copy + Sync>(
     let lowest = base_means.iter().copied().fold(f64::INFINITY, f64::min);
     let highest = base_means.iter().copied().fold(0.0, f64::max);
     let mut out = format!(
-        "{}: {} workload domains of {} vCPUs and the profiler on one pCPU; {ROUNDS} rounds of \
-         {:.1} s runs, \
-         each run between two baseline runs without sampling; medians\n\
+        "{}: {} workload domains of {} vCPUs and the profiler on {} pCPUs; {ROUNDS} rounds \
+         of {:.1} s runs, each run between two baseline runs without sampling; medians\n\
          the {} baseline runs' work rate (rounds/s, mean of the workload domains) ranged \
          {lowest:.0}-{highest:.0}: the host's own drift\n\n\
          {:<5} {:>6} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>11}\n",
         p.name(),
         workloads.len(),
         options.vcpus,
+        options.pcpus,
         options.duration.as_secs_f64(),
         baselines.len(),
         "mode",
