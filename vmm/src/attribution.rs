@@ -71,8 +71,8 @@ pub fn check_all_mode(results: &[RunResult]) -> (String, u32) {
         .filter(|(s, r)| {
             s.domain == r.running.domain
                 && s.vcpu == r.running.vcpu
-                && s.rip == r.context.rip
-                && s.cpl == r.context.cpl
+                && s.rip == r.regs.rip
+                && s.cpl == r.regs.cpl
         })
         .count();
     let mut per_domain = vec![0u64; results.len()];

@@ -4,7 +4,7 @@
 //! raw-profile writer, `no_std`). The counters exist only in code compiled with
 //! `-C instrument-coverage` (`scripts/coverage.sh` instruments the vPMU crates and minicov and
 //! nothing else); a build with the feature but without instrumentation answers with a valid,
-//! empty profile. Without the feature the operation is `-EOPNOTSUPP` and this module is not
+//! empty profile. Without the feature the operation is `-EOPNOTSUPP` and only that answer is
 //! compiled: the default build carries no coverage code.
 //!
 //! Check order, as for every operation (docs/abi.md): built in, version, privilege, arguments,
@@ -58,7 +58,7 @@ impl<B: PmuBackend> Vpmu<B> {
                     if params.size < needed {
                         return Err(OpError::BufferTooSmall { needed });
                     }
-                    out.size = runtime::read(platform, caller, params.buffer)?;
+                    out.size = runtime::read(platform, caller, params.buffer, params.size)?;
                 }
                 _ => return Err(OpError::InvalidArgument),
             }
@@ -91,49 +91,53 @@ mod runtime {
         minicov::reset_coverage();
     }
 
-    /// Streams the profile into the caller's memory at `buffer`, through the platform.
+    /// Streams the profile into the caller's buffer (`at`, `limit` bytes) through the
+    /// platform; never past its end, whatever the runtime writes.
     struct GuestBuffer<'p, P> {
         platform: &'p mut P,
         caller: VcpuId,
         at: u64,
+        limit: u64,
         written: u64,
-        fault: bool,
     }
 
     impl<P: Platform> CoverageWriter for GuestBuffer<'_, P> {
         fn write(&mut self, data: &[u8]) -> Result<(), CoverageWriteError> {
-            let ok = self
-                .at
-                .checked_add(self.written)
-                .is_some_and(|address| self.platform.write_guest(self.caller, address, data));
+            let end = self.written + data.len() as u64;
+            let ok = end <= self.limit
+                && self
+                    .at
+                    .checked_add(self.written)
+                    .is_some_and(|address| self.platform.write_guest(self.caller, address, data));
             if !ok {
-                self.fault = true;
                 return Err(CoverageWriteError);
             }
-            self.written += data.len() as u64;
+            self.written = end;
             Ok(())
         }
     }
 
-    /// Writes the profile at `buffer`; the bytes written.
+    /// Writes the profile into the caller's `size`-byte buffer at `buffer`; the bytes
+    /// written. A write the platform refuses (or one past `size`) is `-EFAULT`.
     pub(super) fn read<P: Platform>(
         platform: &mut P,
         caller: VcpuId,
         buffer: u64,
+        size: u32,
     ) -> Result<u32, OpError> {
         let mut sink = GuestBuffer {
             platform,
             caller,
             at: buffer,
+            limit: u64::from(size),
             written: 0,
-            fault: false,
         };
         // SAFETY: minicov's capture is not reentrant or thread-safe; the caller holds the
         // core exclusively (`&mut Vpmu`), and the writer does not call back into the core.
         let captured = unsafe { minicov::capture_coverage(&mut sink) };
-        match (captured, sink.fault) {
-            (Ok(()), _) => u32::try_from(sink.written).map_err(|_| OpError::NoSpace),
-            (Err(_), _) => Err(OpError::BadAddress),
+        match captured {
+            Ok(()) => u32::try_from(sink.written).map_err(|_| OpError::NoSpace),
+            Err(_) => Err(OpError::BadAddress),
         }
     }
 }

@@ -135,12 +135,10 @@ pub struct RunResult {
 pub struct PmiRecord {
     /// The vCPU the VMM was running when the PMI was raised.
     pub running: VcpuId,
-    /// Its interrupted context (sync regs at the exit that raised the PMI, or the VMM's
-    /// `VmmActivity` registers if `hypervisor`).
-    pub context: PmiContext,
     /// The VMM itself was interrupted, serving `running` (hv mode).
     pub hypervisor: bool,
-    /// The full interrupted register set the core was given (`Platform::interrupted`).
+    /// The interrupted registers the core was given (`Platform::interrupted`: sync regs at
+    /// the exit that raised the PMI, or the VMM activity's if `hypervisor`).
     pub regs: vpmu::abi::Regs,
     /// The pCPU whose PMI it was.
     pub pcpu: u32,

@@ -449,7 +449,6 @@ impl<P: Personality> Runner<'_, P> {
                 if core.pmi_log.len() < MAX_PMI_LOG {
                     core.pmi_log.push(PmiRecord {
                         running: platform.me,
-                        context: platform.interrupted_context(),
                         hypervisor: platform.state.hypervisor.is_some(),
                         regs: platform.interrupted_regs(),
                         pcpu,

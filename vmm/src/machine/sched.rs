@@ -1,5 +1,5 @@
-//! Several vCPUs, one per domain, time-sliced on ONE host thread, which is one pCPU (one
-//! software PMU model): round robin, a slice of `SLICE_EXITS` exits each (timed source: at most `SLICE_TIME`), with
+//! The vCPUs of one pCPU (one software PMU model), time-sliced on ONE host thread: round
+//! robin, a slice of `SLICE_EXITS` exits each (timed source: at most `SLICE_TIME`), with
 //! `Vpmu::context_switch` at every switch (it saves the outgoing vCPU's counters from the
 //! model and loads the incoming one's). Each VM has its own vCPU fd and `kvm_run` page; the
 //! thread's kicker is pointed at the page of the vCPU it runs.
@@ -90,9 +90,13 @@ pub(super) fn run_shared<P: Personality>(
                 done[i] = true;
             }
         }
-        // The boost: a vCPU of this pCPU that was sent the PMU VIRQ runs next.
+        // The boost: a vCPU of this pCPU that was sent the PMU VIRQ runs next. A vCPU that is
+        // done leaves the list (it would end every other slice at once otherwise).
         let woken = {
-            let core = runner.core.lock().expect("vpmu core lock");
+            let mut core = runner.core.lock().expect("vpmu core lock");
+            if done[i] {
+                core.wake.retain(|w| *w != me);
+            }
             core.wake
                 .iter()
                 .find_map(|w| runners.iter().position(|r| r.me == *w))

@@ -28,9 +28,7 @@ impl<P: Personality> Runner<'_, P> {
         model.count(HwEvent::CoreCycles, cycles, mode);
         model.count(HwEvent::RefCycles, cycles, mode);
     }
-}
 
-impl<P: Personality> Runner<'_, P> {
     /// hv mode: the VMM's own time between two runs of the privileged profiler's vCPU, fed
     /// as hypervisor-mode cycles into the pCPU's counters (which then hold the profiler's
     /// context: a hypervisor keeps the privileged domain's counters running across VM exits

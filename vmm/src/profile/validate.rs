@@ -30,8 +30,8 @@ fn agrees(sample: &ProfileSample, record: &crate::machine::PmiRecord) -> bool {
     };
     sample.origin == origin
         && sample.vcpu == record.running.vcpu
-        && sample.rip == record.context.rip
-        && sample.user == (record.context.cpl == 3)
+        && sample.rip == record.regs.rip
+        && sample.user == (record.regs.cpl == 3)
         && sample.regs == record.regs
         && sample.pcpu == pcpu
 }
@@ -203,7 +203,7 @@ pub fn passive_agrees_with_self(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::{PmiContext, PmiRecord, RunResult};
+    use crate::machine::{PmiRecord, RunResult};
     use crate::profile::protocol::Shipment;
     use crate::profile::run::{Mode, RunData};
     use std::time::Duration;
@@ -224,7 +224,6 @@ mod tests {
     fn record(domain: u32, rip: u64, cpl: u8, hypervisor: bool) -> PmiRecord {
         PmiRecord {
             running: VcpuId { domain, vcpu: 0 },
-            context: PmiContext { rip, cpl, mode: 0 },
             hypervisor,
             regs: regs(rip, cpl),
             pcpu: 0,
