@@ -14,6 +14,15 @@ use crate::msrs::{
 };
 use crate::policy;
 
+/// Where overflow detection before PerfMonV2 reads a counter's value.
+#[derive(Clone, Copy, Debug)]
+enum CounterValues {
+    /// From the hardware (at a PMI, the context loaded).
+    Hardware,
+    /// From the context (at save, which has just read them from the hardware).
+    Saved,
+}
+
 /// The AMD core-PMU backend for one enumerated PMU.
 #[derive(Clone, Copy, Debug)]
 pub struct AmdBackend {
@@ -67,6 +76,54 @@ impl AmdBackend {
     /// It does exactly while something is live: `load` writes it then, and `save` clears it.
     fn global_on_hardware(&self, ctx: &AmdContext) -> bool {
         self.pmu.has_perfmon_v2() && ctx.live != 0 && ctx.global_ctl != 0
+    }
+
+    /// Finds the counters of the loaded `ctx` that overflowed and records them. PerfMonV2:
+    /// GlobalStatus read, folded into the virtual status, acknowledged with STATUS_CLR.
+    /// Before PerfMonV2 (no status register), Linux's rule: a live, armed counter with EN on
+    /// the hardware and INT, whose value now has its top bit clear, has wrapped; it is
+    /// disarmed. `values` says where that value is read.
+    fn collect_overflows<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: &mut B,
+        values: CounterValues,
+    ) -> Result<u8, MsrFault> {
+        if self.pmu.has_perfmon_v2() {
+            let status = hw.read(Msr(GLOBAL_STATUS))? & self.pmu.counter_mask();
+            if status != 0 {
+                hw.write(Msr(GLOBAL_STATUS_CLR), status)?;
+                ctx.global_status |= status;
+            }
+            return Ok(status as u8);
+        }
+        let mut overflowed = 0u8;
+        for i in self.indices(ctx.live & ctx.armed) {
+            let (guest, hardware) = (ctx.guest_ctl[i as usize], ctx.hw_ctl[i as usize]);
+            if hardware & ctl::EN == 0 || guest & ctl::INT == 0 {
+                continue;
+            }
+            let value = match values {
+                CounterValues::Hardware => hw.read(self.pmu.counter_msr(i))?,
+                CounterValues::Saved => ctx.counters[i as usize],
+            };
+            if value & COUNTER_TOP_BIT == 0 {
+                overflowed |= bit(i);
+                ctx.armed &= !bit(i);
+            }
+        }
+        Ok(overflowed)
+    }
+
+    /// The counters `overflowed`, and whether any has INT as the guest programmed it.
+    fn overflow_of(&self, ctx: &AmdContext, overflowed: u8) -> Overflow {
+        let interrupt = self
+            .indices(overflowed)
+            .any(|i| ctx.guest_ctl[i as usize] & ctl::INT != 0);
+        Overflow {
+            counters: CounterSet(u64::from(overflowed)),
+            interrupt,
+        }
     }
 
     fn write_control<B: MsrBus>(
@@ -233,12 +290,14 @@ impl PmuBackend for AmdBackend {
     }
 
     /// Stops and reads back the live counters: GlobalCtl ← 0 first (PerfMonV2: one write
-    /// stops them all), each live control ← 0, each live counter read, then PerfMonV2's
-    /// hardware status folded into the virtual one and cleared only if non-zero. Nothing live:
-    /// no access at all.
-    fn save<B: MsrBus>(&self, ctx: &mut AmdContext, hw: &mut B) -> Result<(), MsrFault> {
+    /// stops them all), each live control ← 0, each live counter read, then the overflows
+    /// collected as a PMI would: PerfMonV2's hardware status folded into the virtual one and
+    /// cleared only if non-zero; before PerfMonV2 the top-bit rule applied to the values just
+    /// read (disarming what it finds, so the wrap is reported once, here or at a PMI). Returns
+    /// the overflows not already in the virtual status. Nothing live: no access at all.
+    fn save<B: MsrBus>(&self, ctx: &mut AmdContext, hw: &mut B) -> Result<Overflow, MsrFault> {
         if ctx.live == 0 {
-            return Ok(());
+            return Ok(Overflow::default());
         }
         if self.global_on_hardware(ctx) {
             hw.write(Msr(GLOBAL_CTL), 0)?;
@@ -250,21 +309,14 @@ impl PmuBackend for AmdBackend {
         }
         for i in self.indices(ctx.live) {
             let value = hw.read(self.pmu.counter_msr(i))?;
-            // Keep the arming decision made at the last write: a counter that wrapped while
-            // loaded is still reported by the next PMI, not forgotten here.
             if let Some(slot) = ctx.counters.get_mut(i as usize) {
                 *slot = value;
             }
         }
-        if self.pmu.has_perfmon_v2() {
-            let status = hw.read(Msr(GLOBAL_STATUS))? & self.pmu.counter_mask();
-            if status != 0 {
-                hw.write(Msr(GLOBAL_STATUS_CLR), status)?;
-                ctx.global_status |= status;
-            }
-        }
+        let recorded = ctx.global_status;
+        let found = self.collect_overflows(ctx, hw, CounterValues::Saved)?;
         ctx.live = ctx.enabled_on_hardware();
-        Ok(())
+        Ok(self.overflow_of(ctx, found & !(recorded as u8)))
     }
 
     /// Counters, then controls, then GlobalCtl — only for live counters. The virtual status
@@ -306,33 +358,34 @@ impl PmuBackend for AmdBackend {
         if ctx.live == 0 {
             return Ok(Overflow::default());
         }
-        let mut overflowed = 0u8;
-        if self.pmu.has_perfmon_v2() {
-            let status = hw.read(Msr(GLOBAL_STATUS))? & self.pmu.counter_mask();
-            if status != 0 {
-                hw.write(Msr(GLOBAL_STATUS_CLR), status)?;
-                ctx.global_status |= status;
-            }
-            overflowed = status as u8;
-        } else {
-            for i in self.indices(ctx.live & ctx.armed) {
-                let (guest, hardware) = (ctx.guest_ctl[i as usize], ctx.hw_ctl[i as usize]);
-                if hardware & ctl::EN == 0 || guest & ctl::INT == 0 {
-                    continue;
-                }
-                if hw.read(self.pmu.counter_msr(i))? & COUNTER_TOP_BIT == 0 {
-                    overflowed |= bit(i);
-                    ctx.armed &= !bit(i);
-                }
-            }
+        let overflowed = self.collect_overflows(ctx, hw, CounterValues::Hardware)?;
+        Ok(self.overflow_of(ctx, overflowed))
+    }
+
+    /// Recomputes each control's hardware image with [`policy::restricted_control`]: the
+    /// WRMSR validator's image where it still accepts the guest value, an image that cannot
+    /// count (HostOnly dropped, GuestOnly forced, EN clear) where it now refuses it. The guest
+    /// values stay; `live` follows the new images (the context is saved).
+    fn restrict(
+        &self,
+        ctx: &mut AmdContext,
+        guest_policy: &GuestPolicy<'_>,
+    ) -> Option<ContextError> {
+        let mut first = None;
+        let controls = ctx.guest_ctl.iter().zip(&mut ctx.hw_ctl);
+        for (index, (&guest, hardware)) in (0..self.pmu.counters()).zip(controls) {
+            let control = policy::restricted_control(guest, guest_policy).unwrap_or_else(|c| {
+                first = first.or(Some(ContextError {
+                    register: "ctrl",
+                    index: Some(index),
+                    value: guest,
+                }));
+                c
+            });
+            *hardware = control.hardware;
         }
-        let interrupt = self
-            .indices(overflowed)
-            .any(|i| ctx.guest_ctl[i as usize] & ctl::INT != 0);
-        Ok(Overflow {
-            counters: CounterSet(u64::from(overflowed)),
-            interrupt,
-        })
+        ctx.live = ctx.enabled_on_hardware();
+        first
     }
 
     fn masks_lvtpc_on_pmi(&self) -> bool {

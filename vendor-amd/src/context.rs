@@ -125,7 +125,9 @@ impl AmdContext {
 
     /// Builds a context from a guest-edited `area`, addressing the banks through `banks` (never
     /// through the geometry words in the area) and checking every register with the WRMSR
-    /// validators. `saved` is the context the page was filled from.
+    /// validators. `saved` is the context the page was filled from: a control left exactly as
+    /// it published it is not refused but restricted ([`policy::restricted_control`]), so an
+    /// unedited page flushes whatever the policy became since.
     pub(crate) fn from_page(
         pmu: &AmdPmu,
         banks: &AmdBanks,
@@ -145,7 +147,11 @@ impl AmdContext {
             let value = policy::counter(raw).map_err(|_| refused("counter", raw))?;
             ctx.set_counter(i, value);
             let raw = banks.ctrl(area, i).map_err(|_| refused("ctrl", 0))?;
-            let control = policy::control(raw, guest_policy).map_err(|_| refused("ctrl", raw))?;
+            let control = if saved.guest_ctl.get(i) == Some(&raw) {
+                policy::restricted_control(raw, guest_policy).unwrap_or_else(|c| c)
+            } else {
+                policy::control(raw, guest_policy).map_err(|_| refused("ctrl", raw))?
+            };
             ctx.guest_ctl[i] = control.guest;
             ctx.hw_ctl[i] = control.hardware;
         }

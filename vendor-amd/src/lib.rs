@@ -56,11 +56,19 @@
 //! **Save/load.** At rest the hardware is clean: every control 0 and, with PerfMonV2,
 //! GlobalCtl 0 and no status bit ([`AmdBackend::clean_hardware`] establishes it once per CPU).
 //! Only *live* counters (those programmed to count) are touched: `save` stops them (GlobalCtl
-//! first), reads them and folds PerfMonV2's status; `load` writes counters, then controls, then
+//! first), reads them and collects their overflows as a PMI would (PerfMonV2's status folded;
+//! before it the top-bit rule), returning those not already recorded so that a PMI raised but
+//! not yet handled at the switch is not lost; `load` writes counters, then controls, then
 //! GlobalCtl. A context that never counted costs no access. PerfMonV2's GlobalCtl resets to
 //! all counters enabled, as KVM emulates the hardware RESET value. The virtual PerfMonV2 status
 //! stays in the context and is never put back on the hardware: guest reads combine it with the
 //! hardware's, and a counter that overflows again while its bit is pending is still seen.
+//!
+//! **Policy changes.** `restrict` re-judges every control of a saved context with the WRMSR
+//! validator ([`policy::restricted_control`]): a control it now refuses (HostOnly once host
+//! counting is withdrawn) keeps its guest value but goes to the hardware with HostOnly dropped,
+//! GuestOnly forced and EN clear. A page flush treats a control the guest left as published
+//! the same way, so an unedited page always flushes; an edited one is validated as a WRMSR.
 //!
 //! **Overflow.** With PerfMonV2 from GlobalStatus; before it from the counter's top bit
 //! (Linux's rule; limits in [`AmdBackend`]'s `handle_overflow`). AMD does not mask the LVTPC on

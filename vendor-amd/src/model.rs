@@ -38,8 +38,8 @@ use vpmu::{ExecMode, HwEvent, Msr, MsrAccessStats, MsrBus, MsrFault, SoftwarePmu
 
 use crate::caps::AmdPmu;
 use crate::msrs::{
-    COUNTER_MASK, EXT_PERF_CTL0, GLOBAL_CTL, GLOBAL_STATUS, GLOBAL_STATUS_CLR, GLOBAL_STATUS_SET,
-    K7_PERF_CTL0, K7_PERF_CTR0, MAX_COUNTERS, ctl,
+    COUNTER_MASK, COUNTER_WIDTH, EXT_PERF_CTL0, GLOBAL_CTL, GLOBAL_STATUS, GLOBAL_STATUS_CLR,
+    GLOBAL_STATUS_SET, K7_PERF_CTL0, K7_PERF_CTR0, MAX_COUNTERS, ctl,
 };
 
 const N: usize = MAX_COUNTERS as usize;
@@ -260,6 +260,25 @@ impl SoftwarePmu for AmdPmuModel {
                 }
             }
         }
+    }
+
+    /// Every counter that counts core or reference cycles in `mode` (the gating of `count`;
+    /// only core cycles have an AMD encoding) with INT wraps after `2^48 - value` of them, and
+    /// any such wrap asserts the line (PerfMonV2's status bit does not gate it), so the nearest
+    /// wrap is the answer.
+    fn cycles_until_pmi(&self, mode: ExecMode) -> Option<u64> {
+        (0..self.counters)
+            .filter_map(|i| {
+                let control = *self.regs.controls.get(i)?;
+                let value = *self.regs.values.get(i)?;
+                let counts = [HwEvent::CoreCycles, HwEvent::RefCycles]
+                    .into_iter()
+                    .any(|event| self.counts(control, i, event, mode));
+                (counts && control & ctl::INT != 0)
+                    .then(|| COUNTER_MASK - (value & COUNTER_MASK) + 1)
+            })
+            .min()
+            .filter(|&n| n <= 1 << COUNTER_WIDTH)
     }
 
     fn pmi_pending(&self) -> bool {

@@ -70,6 +70,26 @@ pub fn control(value: u64, policy: &GuestPolicy<'_>) -> Result<Control, Refused>
     })
 }
 
+/// PERF_CTLn re-judged under `policy`, for a control that was accepted under an earlier policy
+/// (a saved context after a policy change, or a page control the guest left as published).
+///
+/// `Ok` is [`control`]'s answer when it still accepts the value. When it refuses it, `Err`
+/// holds the guest value unchanged with a hardware image that cannot count: the value without
+/// reserved bits and HostOnly, judged again (so GuestOnly is forced and the filter applied as
+/// for any control), with EN cleared. Depends only on `value` and `policy`, so applying it
+/// again gives the same image.
+pub fn restricted_control(value: u64, policy: &GuestPolicy<'_>) -> Result<Control, Control> {
+    control(value, policy).map_err(|Refused| {
+        // Without reserved bits and HostOnly nothing in `control` refuses.
+        let hardware = control(value & !(ctl::RESERVED | ctl::HOST_ONLY), policy)
+            .map_or(0, |legal| legal.hardware & !ctl::EN);
+        Control {
+            guest: value,
+            hardware,
+        }
+    })
+}
+
 /// PerfCntrGlobalCtl: enable bits of existing counters only (`present` is the counter mask).
 /// KVM drops the other bits; refusing them is the same fail-closed rule as for PERF_CTL.
 pub fn global_ctl(value: u64, present: u64) -> Result<u64, Refused> {
@@ -191,6 +211,35 @@ mod tests {
         // The filter sees the 12-bit select: 0x1c0 is another event.
         let high = INSTRUCTIONS | (1 << 32);
         assert_eq!(control(high, &policy).unwrap().hardware & ctl::EN, ctl::EN);
+    }
+
+    #[test]
+    fn restricted_controls_keep_the_guest_value_and_cannot_count() {
+        let host_only = INSTRUCTIONS | ctl::HOST_ONLY;
+        assert_eq!(
+            restricted_control(host_only, &HOST),
+            Ok(Control {
+                guest: host_only,
+                hardware: host_only
+            })
+        );
+        let restricted = restricted_control(host_only, &GUEST);
+        assert_eq!(
+            restricted,
+            Err(Control {
+                guest: host_only,
+                hardware: (INSTRUCTIONS | ctl::GUEST_ONLY) & !ctl::EN
+            })
+        );
+        let again = restricted_control(host_only, &GUEST);
+        assert_eq!(again, restricted, "idempotent");
+        assert_eq!(
+            restricted_control(INSTRUCTIONS, &GUEST),
+            Ok(control(INSTRUCTIONS, &GUEST).unwrap())
+        );
+        // Only HostOnly: nothing left to program.
+        let bare = restricted_control(ctl::HOST_ONLY, &GUEST);
+        assert_eq!(bare.map_err(|c| c.hardware), Err(0));
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl PmuBackend for IntelPmu {
         self.write_register(ctx, hw, policy, msr, value)
     }
 
-    fn save<B: MsrBus>(&self, ctx: &mut IntelContext, hw: &mut B) -> Result<(), MsrFault> {
+    fn save<B: MsrBus>(&self, ctx: &mut IntelContext, hw: &mut B) -> Result<Overflow, MsrFault> {
         self.save_context(ctx, hw)
     }
 
@@ -149,6 +149,10 @@ impl PmuBackend for IntelPmu {
 
     fn context_to_page(&self, ctx: &IntelContext, area: &mut VendorArea) {
         self.write_page(ctx, area);
+    }
+
+    fn restrict(&self, ctx: &mut IntelContext, policy: &GuestPolicy<'_>) -> Option<ContextError> {
+        self.restrict_context(ctx, policy)
     }
 
     fn context_from_page(

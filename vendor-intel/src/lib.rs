@@ -57,8 +57,18 @@
 //! At rest every PERFEVTSELx, FIXED_CTR_CTRL and GLOBAL_CTRL on the hardware is 0; call
 //! [`IntelPmu::clean_hardware`] once per CPU before its first load to establish that. Save writes
 //! GLOBAL_CTRL ← 0 first, folds GLOBAL_STATUS into the context's virtual status (acknowledging
-//! it only if set), reads the counters in use and clears their controls; load writes values,
-//! then controls, then GLOBAL_CTRL. A context that never used a counter costs no access.
+//! it only if set) and reports the overflows it newly recorded (a PMI raised but not yet
+//! handled), reads the counters in use and clears their controls; load writes values, then
+//! controls, then GLOBAL_CTRL. A context that never used a counter costs no access.
+//!
+//! ## Policy changes
+//!
+//! `restrict` re-judges a saved context's controls with the WRMSR validators: a PERFEVTSELx the
+//! policy now refuses goes to the hardware with EN clear, a refused FIXED_CTR_CTRL nibble as 0
+//! (each nibble judged alone), and a refused DS_AREA is dropped (it has no hardware image of its
+//! own, so the guest reads 0); guest-visible selectors stay as written. A page flush treats a
+//! control the guest left as published the same way, so an unedited page always flushes; an
+//! edited control is validated as a WRMSR.
 //!
 //! Known limitation: without FW_WRITE the only way to write a counter is the legacy alias, so a
 //! saved value in `[2^31, 2^width − 2^31)` comes back sign-extended from bit 31 (Xen has the
@@ -77,6 +87,7 @@ mod model;
 pub mod msrs;
 mod page;
 mod policy;
+mod restrict;
 mod switch;
 #[cfg(any(test, feature = "model"))]
 mod synthetic;

@@ -65,6 +65,26 @@ fn privilege_matches(os: bool, usr: bool, mode: ExecMode) -> bool {
     if mode.cpl == 0 { os } else { usr }
 }
 
+/// The longest run `cycles_until_pmi` looks ahead.
+const PMI_HORIZON: u64 = 1 << 48;
+
+/// The fixed counter that counts `event`, if any: 0 instructions, 1 core cycles, 2 reference
+/// cycles.
+fn fixed_counter_of(event: HwEvent) -> Option<u32> {
+    match event {
+        HwEvent::Instructions => Some(0),
+        HwEvent::CoreCycles => Some(1),
+        HwEvent::RefCycles => Some(2),
+        _ => None,
+    }
+}
+
+/// Events until a counter of `mask` width holding `value` wraps (`advance` reports the wrap
+/// once `n` exceeds the room left); `None` beyond `u64` (a 64-bit counter at 0).
+fn distance_to_wrap(value: u64, mask: u64) -> Option<u64> {
+    (mask - (value & mask)).checked_add(1)
+}
+
 /// Adds `n` to a counter of `mask` width; whether it wrapped past the top.
 fn advance(counter: &mut u64, mask: u64, n: u64) -> bool {
     let room = mask - (*counter & mask);
@@ -190,6 +210,29 @@ impl IntelPmuModel {
         Some(())
     }
 
+    /// Whether general-purpose counter `index` counts `event` in `mode` (enabled locally and
+    /// globally, a plain selector of the event, available, privilege matching): `Some` with
+    /// whether its overflow interrupts, `None` if it does not count.
+    fn gp_counts(&self, index: u32, event: HwEvent, mode: ExecMode) -> Option<bool> {
+        let sel = *self.registers.event_selects.get(index as usize)?;
+        let enabled = sel & EVTSEL_EN != 0 && self.registers.global_ctrl & (1 << index) != 0;
+        let plain = sel & (EVTSEL_EDGE | EVTSEL_INV | EVTSEL_CMASK) == 0;
+        let selected =
+            self.caps.event_available(event) && umask_event(sel) == arch_event(event).encoding;
+        let privileged = privilege_matches(sel & EVTSEL_OS != 0, sel & EVTSEL_USR != 0, mode);
+        (enabled && plain && selected && privileged).then_some(sel & EVTSEL_INT != 0)
+    }
+
+    /// Whether fixed counter `index` counts in `mode` (present, enabled globally, privilege
+    /// matching its nibble): `Some` with whether its overflow interrupts, `None` if not.
+    fn fixed_counts(&self, index: u32, mode: ExecMode) -> Option<bool> {
+        let nibble = fixed_nibble(self.registers.fixed_ctrl, index);
+        let counts = self.caps.has_fixed(index)
+            && self.registers.global_ctrl & (1 << (32 + index)) != 0
+            && privilege_matches(nibble & FIXED_OS != 0, nibble & FIXED_USR != 0, mode);
+        counts.then_some(nibble & FIXED_PMI != 0)
+    }
+
     fn overflowed(&mut self, bit: u64, interrupt: bool) {
         self.registers.global_status |= bit;
         self.pmi |= interrupt;
@@ -216,46 +259,54 @@ impl SoftwarePmu for IntelPmuModel {
     fn count(&mut self, event: HwEvent, n: u64, mode: ExecMode) {
         let gp_mask = width_mask(self.caps.gp_width());
         let fixed_mask = width_mask(self.caps.fixed_width());
-        let encoding = arch_event(event).encoding;
-        let available = self.caps.event_available(event);
         for index in 0..self.caps.gp_counters() {
-            let Some(&sel) = self.registers.event_selects.get(index as usize) else {
+            let Some(interrupt) = self.gp_counts(index, event, mode) else {
                 continue;
             };
-            let enabled = sel & EVTSEL_EN != 0 && self.registers.global_ctrl & (1 << index) != 0;
-            let plain = sel & (EVTSEL_EDGE | EVTSEL_INV | EVTSEL_CMASK) == 0;
-            let selected = available && umask_event(sel) == encoding;
-            let privileged = privilege_matches(sel & EVTSEL_OS != 0, sel & EVTSEL_USR != 0, mode);
-            if !(enabled && plain && selected && privileged) {
-                continue;
-            }
             let Some(counter) = self.registers.gp_counters.get_mut(index as usize) else {
                 continue;
             };
             if advance(counter, gp_mask, n) {
-                self.overflowed(1 << index, sel & EVTSEL_INT != 0);
+                self.overflowed(1 << index, interrupt);
             }
         }
-        let fixed_index = match event {
-            HwEvent::Instructions => 0,
-            HwEvent::CoreCycles => 1,
-            HwEvent::RefCycles => 2,
-            _ => return,
-        };
-        let nibble = fixed_nibble(self.registers.fixed_ctrl, fixed_index);
-        let global_bit = 1u64 << (32 + fixed_index);
-        let counts = self.caps.has_fixed(fixed_index)
-            && self.registers.global_ctrl & global_bit != 0
-            && privilege_matches(nibble & FIXED_OS != 0, nibble & FIXED_USR != 0, mode);
-        if !counts {
+        let Some(fixed_index) = fixed_counter_of(event) else {
             return;
-        }
+        };
+        let Some(interrupt) = self.fixed_counts(fixed_index, mode) else {
+            return;
+        };
         let Some(counter) = self.registers.fixed_counters.get_mut(fixed_index as usize) else {
             return;
         };
         if advance(counter, fixed_mask, n) {
-            self.overflowed(global_bit, nibble & FIXED_PMI != 0);
+            self.overflowed(1 << (32 + fixed_index), interrupt);
         }
+    }
+
+    /// Every counter that counts core or reference cycles in `mode` with its interrupt enabled
+    /// (the same gating as `count`) wraps after `mask + 1 - value` of them; an overflow always
+    /// asserts the line here (the model has no freeze or LVTPC), so the nearest wrap is the
+    /// answer. A GP counter selects one of the two events; fixed counters 1 and 2 count one
+    /// each.
+    fn cycles_until_pmi(&self, mode: ExecMode) -> Option<u64> {
+        let gp_mask = width_mask(self.caps.gp_width());
+        let fixed_mask = width_mask(self.caps.fixed_width());
+        let cycles = [HwEvent::CoreCycles, HwEvent::RefCycles];
+        let gp = (0..self.caps.gp_counters()).filter_map(|index| {
+            let interrupting = cycles
+                .iter()
+                .any(|&event| self.gp_counts(index, event, mode) == Some(true));
+            let value = self.registers.gp_counters.get(index as usize)?;
+            interrupting.then(|| distance_to_wrap(*value, gp_mask))?
+        });
+        let fixed = cycles.iter().filter_map(|&event| {
+            let index = fixed_counter_of(event)?;
+            let value = self.registers.fixed_counters.get(index as usize)?;
+            self.fixed_counts(index, mode)?
+                .then(|| distance_to_wrap(*value, fixed_mask))?
+        });
+        gp.chain(fixed).min().filter(|&n| n <= PMI_HORIZON)
     }
 
     fn pmi_pending(&self) -> bool {

@@ -8,6 +8,12 @@ use vpmu::{ContextError, GuestPolicy};
 use crate::backend::IntelPmu;
 use crate::context::IntelContext;
 use crate::policy::Refused;
+use crate::restrict::{self, Restricted};
+
+/// The hardware image of a control the guest did not edit: restricted, never refused.
+fn unedited(restricted: Restricted) -> u64 {
+    restricted.unwrap_or_else(|image| image)
+}
 
 fn refused(register: &'static str, index: Option<u32>, value: u64) -> ContextError {
     ContextError {
@@ -64,7 +70,10 @@ impl IntelPmu {
     }
 
     /// Rebuilds every register from the (already copied) area and verifies it with the WRMSR
-    /// validators. The first violation is returned; nothing is repaired.
+    /// validators. The first violation is returned; nothing is repaired. A control (each
+    /// PERFEVTSELx, FIXED_CTR_CTRL, DS_AREA) left exactly as `saved` publishes it was legal
+    /// when published: it is not refused but given the hardware image [`restrict`] computes
+    /// under `policy`, so an unedited page always flushes whatever the policy became since.
     pub(crate) fn read_page(
         &self,
         area: &VendorArea,
@@ -79,11 +88,15 @@ impl IntelPmu {
             rules
                 .global_ctrl(ctxt.global_ctrl)
                 .or_refuse("global_ctrl", None, ctxt.global_ctrl)?;
-        ctx.fixed_ctrl_hw = rules.fixed_ctrl(ctxt.fixed_ctrl, policy).or_refuse(
-            "fixed_ctrl",
-            None,
-            ctxt.fixed_ctrl,
-        )?;
+        ctx.fixed_ctrl_hw = if ctxt.fixed_ctrl == saved.fixed_ctrl {
+            unedited(restrict::fixed_ctrl(rules, ctxt.fixed_ctrl, policy))
+        } else {
+            rules.fixed_ctrl(ctxt.fixed_ctrl, policy).or_refuse(
+                "fixed_ctrl",
+                None,
+                ctxt.fixed_ctrl,
+            )?
+        };
         ctx.fixed_ctrl = ctxt.fixed_ctrl;
         // Acknowledging is clearing: the owner may drop recorded overflows, never invent one.
         if ctxt.global_status & !saved.global_status != 0 {
@@ -95,10 +108,13 @@ impl IntelPmu {
             ctxt.global_ovf_ctrl,
         )?;
         ctx.global_status = ctxt.global_status & !acknowledged;
-        ctx.ds_area =
+        ctx.ds_area = if ctxt.ds_area == saved.ds_area {
+            unedited(restrict::ds_area(rules, ctxt.ds_area, policy))
+        } else {
             rules
                 .ds_area(ctxt.ds_area, policy)
-                .or_refuse("ds_area", None, ctxt.ds_area)?;
+                .or_refuse("ds_area", None, ctxt.ds_area)?
+        };
         rules
             .pebs_enable(ctxt.pebs_enable)
             .or_refuse("pebs_enable", None, ctxt.pebs_enable)?;
@@ -122,8 +138,10 @@ impl IntelPmu {
         let gp_slots = ctx
             .gp_counters
             .iter_mut()
-            .zip(ctx.event_selects.iter_mut().zip(&mut ctx.event_selects_hw));
-        for (index, (counter, (control, control_hw))) in (0..self.banks.arch_count()).zip(gp_slots)
+            .zip(ctx.event_selects.iter_mut().zip(&mut ctx.event_selects_hw))
+            .zip(&saved.event_selects);
+        for (index, ((counter, (control, control_hw)), &published)) in
+            (0..self.banks.arch_count()).zip(gp_slots)
         {
             let pair = self
                 .banks
@@ -134,11 +152,15 @@ impl IntelPmu {
                 Some(index),
                 pair.counter,
             )?;
-            *control_hw = rules.event_select(pair.control, policy).or_refuse(
-                "evtsel",
-                Some(index),
-                pair.control,
-            )?;
+            *control_hw = if pair.control == published {
+                unedited(restrict::event_select(rules, pair.control, policy))
+            } else {
+                rules.event_select(pair.control, policy).or_refuse(
+                    "evtsel",
+                    Some(index),
+                    pair.control,
+                )?
+            };
             *control = pair.control;
         }
         ctx.recompute_in_use();

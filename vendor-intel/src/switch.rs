@@ -21,20 +21,24 @@ use crate::msrs::{
 };
 
 impl IntelPmu {
+    /// Stops and saves the context; returns the overflows this save found on the hardware
+    /// that the virtual status did not already hold (a PMI raised and not yet handled).
     pub(crate) fn save_context<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
         hw: &mut B,
-    ) -> Result<(), MsrFault> {
+    ) -> Result<Overflow, MsrFault> {
         let live = ctx.in_use;
         if live.is_empty() && ctx.ds_area == 0 {
-            return Ok(());
+            return Ok(Overflow::default());
         }
         // One write stops every counter, so the values read below are final.
         if !live.is_empty() {
             hw.write(Msr(IA32_PERF_GLOBAL_CTRL), 0)?;
         }
-        self.fold_status(ctx, hw)?;
+        let before = ctx.global_status;
+        let recorded = self.fold_status(ctx, hw)?;
+        let overflow = self.overflow_of(ctx, recorded & !before);
         for index in indices(live.gp_bits()) {
             let value = hw.read(legacy_counter(index))? & self.caps.gp_value_mask();
             if let Some(slot) = ctx.gp_counters.get_mut(index as usize) {
@@ -63,7 +67,7 @@ impl IntelPmu {
             hw.write(Msr(IA32_DS_AREA), 0)?;
         }
         ctx.recompute_in_use();
-        Ok(())
+        Ok(overflow)
     }
 
     pub(crate) fn load_context<B: MsrBus>(
@@ -110,6 +114,13 @@ impl IntelPmu {
         hw: &mut B,
     ) -> Result<Overflow, MsrFault> {
         let recorded = self.fold_status(ctx, hw)?;
+        Ok(self.overflow_of(ctx, recorded))
+    }
+
+    /// The counters of the GLOBAL_STATUS bits `recorded` (OvfBuffer and CondChgd dropped), and
+    /// whether any of them has its interrupt enabled as the guest programmed it (EVTSEL INT,
+    /// the fixed nibble's PMI bit).
+    fn overflow_of(&self, ctx: &IntelContext, recorded: u64) -> Overflow {
         let counters = self.rules.status_counters(recorded);
         let gp_interrupt = indices(counters.gp_bits()).any(|i| {
             ctx.event_selects
@@ -118,10 +129,10 @@ impl IntelPmu {
         });
         let fixed_interrupt = indices(counters.fixed_bits())
             .any(|i| fixed_nibble(ctx.fixed_ctrl, i) & FIXED_PMI != 0);
-        Ok(Overflow {
+        Overflow {
             counters,
             interrupt: gp_interrupt || fixed_interrupt,
-        })
+        }
     }
 
     /// Reads GLOBAL_STATUS, records this context's bits in its virtual status, and acknowledges

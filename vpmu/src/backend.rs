@@ -270,7 +270,12 @@ pub trait PmuBackend {
     /// Stops the context's counters on the hardware and reads their state back into `ctx`,
     /// leaving the hardware clean (no counter enabled, no control left programmed) for the next
     /// owner. Touches only the registers the context uses.
-    fn save<B: MsrBus>(&self, ctx: &mut Self::Context, hw: &mut B) -> Result<(), MsrFault>;
+    ///
+    /// Returns the overflows found on the hardware and folded into the context's virtual
+    /// status by this save (none already recorded before it), with `interrupt` set if any of
+    /// them has its interrupt enabled: a PMI raised but not yet handled when the vCPU was
+    /// switched out, which the core keeps pending and delivers when the vCPU next runs.
+    fn save<B: MsrBus>(&self, ctx: &mut Self::Context, hw: &mut B) -> Result<Overflow, MsrFault>;
 
     /// Programs clean hardware with `ctx`: values and controls first, global enables last.
     /// Touches only the registers the context uses.
@@ -294,9 +299,21 @@ pub trait PmuBackend {
     /// Writes a saved context into the shared page's vendor area (bank geometry included).
     fn context_to_page(&self, ctx: &Self::Context, area: &mut VendorArea);
 
+    /// Brings a saved context in line with `policy` after the policy changed (mode, features,
+    /// the domain's event filter): every hardware image the context would load is recomputed
+    /// with the same validators a WRMSR uses, and whatever the policy now refuses is made
+    /// unable to count on the hardware (an enable cleared in the hardware image, a host-only
+    /// qualifier dropped, a DS area no longer loaded) while the guest-visible values stay as
+    /// the guest wrote them. Returns the first register that had to be restricted, if any
+    /// (for a diagnostic); never fails. Must be idempotent.
+    fn restrict(&self, ctx: &mut Self::Context, policy: &GuestPolicy<'_>) -> Option<ContextError>;
+
     /// Builds a context from a guest-edited vendor area (already copied out of the page).
     /// `saved` is the context as it was when the sample was taken. Every register is verified
-    /// as a guest WRMSR of it would be; anything illegal is refused, never fixed up.
+    /// as a guest WRMSR of it would be; anything illegal is refused, never fixed up — except a
+    /// control the guest left exactly as published in `saved`: it was legal when published,
+    /// and if the policy changed since, it is restricted as [`PmuBackend::restrict`] does
+    /// instead of refused, so that an unedited page always flushes.
     fn context_from_page(
         &self,
         area: &VendorArea,
@@ -346,6 +363,11 @@ pub trait SoftwarePmu: MsrBus {
     fn take_pmi(&mut self) -> bool;
     /// The accesses this model has served.
     fn access_stats(&self) -> crate::msr::MsrAccessStats;
+    /// After how many core and reference cycles (each counted `n` times in `mode`, as
+    /// `count(CoreCycles, n, mode); count(RefCycles, n, mode)` would) the PMI line would be
+    /// newly asserted; `None` if never within 2^48 cycles. Computed arithmetically from the
+    /// programmed counters, without changing or copying the model.
+    fn cycles_until_pmi(&self, mode: ExecMode) -> Option<u64>;
 }
 
 #[cfg(test)]

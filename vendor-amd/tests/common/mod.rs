@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use vpmu::{
-    CountingBus, ExecMode, GuestPolicy, HwEvent, Msr, MsrAccessStats, MsrOutcome, PmuBackend,
-    SoftwarePmu,
+    CountingBus, ExecMode, GuestPolicy, HwEvent, Msr, MsrAccessStats, MsrOutcome, Overflow,
+    PmuBackend, SoftwarePmu,
 };
 use vpmu_amd::{AmdBackend, AmdContext, AmdPmu, AmdPmuModel, PmuShape};
 
@@ -146,6 +146,17 @@ impl Vcpu {
         self.backend.save(&mut self.ctx, &mut bus).expect("save");
         self.loaded = false;
         bus.stats()
+    }
+
+    /// Saves, returning the overflows the save found.
+    pub fn save_overflow(&mut self) -> Overflow {
+        assert!(self.loaded);
+        let overflow = self
+            .backend
+            .save(&mut self.ctx, &mut self.hw)
+            .expect("save");
+        self.loaded = false;
+        overflow
     }
 
     pub fn load(&mut self) -> MsrAccessStats {

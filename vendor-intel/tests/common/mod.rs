@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use vpmu::{
-    ExecMode, GuestPolicy, HwEvent, Msr, MsrAccessStats, MsrOutcome, PmuBackend, SoftwarePmu,
+    ExecMode, GuestPolicy, HwEvent, Msr, MsrAccessStats, MsrOutcome, Overflow, PmuBackend,
+    SoftwarePmu,
 };
 use vpmu_intel::{IntelContext, IntelPmu, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
 
@@ -134,10 +135,12 @@ impl Machine {
         vcpu.loaded = true;
     }
 
-    pub fn save(&mut self, vcpu: &mut Vcpu) {
+    /// Saves `vcpu`; returns the overflows the save found.
+    pub fn save(&mut self, vcpu: &mut Vcpu) -> Overflow {
         assert!(vcpu.loaded);
-        self.pmu.save(&mut vcpu.ctx, &mut self.hw).expect("save");
+        let overflow = self.pmu.save(&mut vcpu.ctx, &mut self.hw).expect("save");
         vcpu.loaded = false;
+        overflow
     }
 
     pub fn run(&mut self, event: HwEvent, n: u64, mode: ExecMode) {

@@ -19,8 +19,9 @@
 //!
 //! Timed mode: the vCPU runs free; the time each `KVM_RUN` lasted, in TSC ticks (the guest TSC
 //! is the host's here), is fed as core and reference cycles in the mode of the CPL at the exit
-//! (an approximation: a run may span CPLs). Before each entry the VMM finds, on a copy of the
-//! model, after how many cycles a PMI would be raised, and arms a kick for that time. The
+//! (an approximation: a run may span CPLs). Before each entry the model computes after how
+//! many cycles a PMI would be raised (`SoftwarePmu::cycles_until_pmi`, arithmetic), and the
+//! VMM arms a kick for that time. The
 //! interrupted context of a PMI (`Platform::interrupted`) is the sync-regs state at the exit
 //! that raised it, so at a kick that landed in CPL3 code it is that code's RIP and CPL 3; every
 //! delivered PMI's context is kept (`RunResult::pmi_contexts`, guest port 0x15 for the last).

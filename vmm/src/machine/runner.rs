@@ -10,7 +10,6 @@ use vpmu::{ExecMode, PmiOutcome, SoftwarePmu, VcpuId};
 
 use super::exit::{Exit, MsrHandler};
 use super::platform::{KvmPlatform, PlatformState, VmmActivity, regs_of};
-use super::timed::cycles_until_pmi;
 use super::{Core, PmiRecord, RunResult};
 use crate::guest::port;
 use crate::kick::Kick;
@@ -238,7 +237,7 @@ impl<P: Personality> Runner<'_, P> {
                 let model = core.pcpus[self.pcpu()].hw();
                 let counting = self.personality.counting(model);
                 let until = if counting && !precise {
-                    cycles_until_pmi(model, self.mode())
+                    model.cycles_until_pmi(self.mode())
                 } else {
                     None
                 };

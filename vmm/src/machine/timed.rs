@@ -1,5 +1,8 @@
 //! The timed event source: the duration of each `KVM_RUN`, in TSC ticks, fed as core and
-//! reference cycles; the overflow deadline is found by bisection on copies of the model.
+//! reference cycles; the overflow deadline is computed arithmetically by the model
+//! (`SoftwarePmu::cycles_until_pmi`: the distance of each interrupting cycles counter to its
+//! wrap), with no copy of the model and no search. The bisection on copies of the model it
+//! replaced (13–22 k instructions per entry) is kept below as the tests' oracle.
 
 use std::io;
 use std::time::Duration;
@@ -56,7 +59,9 @@ impl<P: Personality> Runner<'_, P> {
 }
 
 /// After how many core/reference cycles in `mode` `model` raises its PMI line (None: never
-/// within 2^48 cycles), found by bisection on copies of the model.
+/// within 2^48 cycles), found by bisection on copies of the model: the definition the
+/// model's arithmetic answer is checked against.
+#[cfg(test)]
 pub(super) fn cycles_until_pmi<M: SoftwarePmu + Clone>(model: &M, mode: ExecMode) -> Option<u64> {
     let raises = |cycles: u64| {
         let mut m = model.clone();
@@ -104,6 +109,7 @@ mod tests {
         m.write(Msr(0x38f), 1).expect("global");
         // Wrapping is counter = 2^48: the 1000th cycle wraps it.
         assert_eq!(cycles_until_pmi(&m, KERNEL), Some(1000));
+        assert_eq!(m.cycles_until_pmi(KERNEL), Some(1000));
         m.count(HwEvent::CoreCycles, 999, KERNEL);
         assert!(!m.pmi_pending());
         m.count(HwEvent::CoreCycles, 1, KERNEL);
@@ -123,6 +129,7 @@ mod tests {
             .expect("control without INT");
         assert!(p.counting(&m));
         assert_eq!(cycles_until_pmi(&m, KERNEL), None);
+        assert_eq!(m.cycles_until_pmi(KERNEL), None);
         // User-only counting never sees kernel cycles.
         m.write(Msr(0xC001_0200), 0x76 | 1 << 16 | 1 << 20 | 1 << 22)
             .expect("USR + INT");

@@ -1,0 +1,112 @@
+//! Restriction of a saved context after a policy change (`PmuBackend::restrict`), and the
+//! hardware images the shared-page flush gives a control the guest left as published.
+//!
+//! Every control is re-judged by the same validator a WRMSR uses ([`GuestRules`]). A control
+//! the validator still accepts gets the validator's hardware image (the filter applied); one it
+//! now refuses keeps its guest-visible value but gets a hardware image that cannot count:
+//! PERFEVTSELx with EN cleared, a FIXED_CTR_CTRL nibble 0 (each nibble is judged alone, so the
+//! other counters keep counting), and DS_AREA 0 (it has no separate hardware image, so the guest
+//! reads 0 too). The images depend only on the guest values and the policy, so restricting
+//! twice changes nothing.
+
+use vpmu::{ContextError, GuestPolicy};
+
+use crate::backend::IntelPmu;
+use crate::context::IntelContext;
+use crate::msrs::{EVTSEL_EN, FIXED_NIBBLE_BITS, at_fixed_nibble, fixed_nibble};
+use crate::policy::{EVTSEL_GUEST_BITS, GuestRules};
+
+/// A control's hardware image under a policy: `Ok` when the validator accepts the guest value
+/// (its own hardware image), `Err` with the image that cannot count when it refuses it.
+pub(crate) type Restricted = Result<u64, u64>;
+
+/// PERFEVTSELx: the validator's image, or the guest value with EN (and any bit a guest may not
+/// set) cleared.
+pub(crate) fn event_select(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_>) -> Restricted {
+    rules
+        .event_select(value, policy)
+        .map_err(|_| value & EVTSEL_GUEST_BITS & !EVTSEL_EN)
+}
+
+/// IA32_FIXED_CTR_CTRL, nibble by nibble: each nibble's image is the validator's for that
+/// nibble alone, or 0 if the validator refuses it. `Err` if any nibble was refused.
+pub(crate) fn fixed_ctrl(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_>) -> Restricted {
+    let mut image = 0;
+    let mut refused = false;
+    for index in 0..u64::BITS / FIXED_NIBBLE_BITS {
+        let nibble = at_fixed_nibble(fixed_nibble(value, index), index);
+        match rules.fixed_ctrl(nibble, policy) {
+            Ok(hardware) => image |= hardware,
+            Err(_) => refused = true,
+        }
+    }
+    if refused { Err(image) } else { Ok(image) }
+}
+
+/// IA32_DS_AREA: the value if the validator accepts it, else 0 (no DS area loaded).
+pub(crate) fn ds_area(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_>) -> Restricted {
+    rules.ds_area(value, policy).map_err(|_| 0)
+}
+
+/// The image either way, and the error naming the register if it had to be restricted.
+pub(crate) fn split(
+    restricted: Restricted,
+    register: &'static str,
+    index: Option<u32>,
+    value: u64,
+) -> (u64, Option<ContextError>) {
+    match restricted {
+        Ok(image) => (image, None),
+        Err(image) => (
+            image,
+            Some(ContextError {
+                register,
+                index,
+                value,
+            }),
+        ),
+    }
+}
+
+impl IntelPmu {
+    /// Recomputes every hardware image of the saved `ctx` under `policy` (see the module
+    /// documentation). Returns the first register restricted, in the page's order: fixed_ctrl,
+    /// ds_area, then each evtsel.
+    pub(crate) fn restrict_context(
+        &self,
+        ctx: &mut IntelContext,
+        policy: &GuestPolicy<'_>,
+    ) -> Option<ContextError> {
+        let rules = &self.rules;
+        let (fixed_hw, fixed_error) = split(
+            fixed_ctrl(rules, ctx.fixed_ctrl, policy),
+            "fixed_ctrl",
+            None,
+            ctx.fixed_ctrl,
+        );
+        ctx.fixed_ctrl_hw = fixed_hw;
+        let (ds, ds_error) = split(
+            ds_area(rules, ctx.ds_area, policy),
+            "ds_area",
+            None,
+            ctx.ds_area,
+        );
+        ctx.ds_area = ds;
+        let mut first = fixed_error.or(ds_error);
+        let selects = ctx.event_selects.iter().zip(&mut ctx.event_selects_hw);
+        for (index, (&guest, hardware)) in (0u32..).zip(selects) {
+            let (image, error) = split(
+                event_select(rules, guest, policy),
+                "evtsel",
+                Some(index),
+                guest,
+            );
+            *hardware = image;
+            first = first.or(error);
+        }
+        // Guest values and counters are unchanged, so this is the same set; recomputed so the
+        // bookkeeping follows the context whatever it held.
+        ctx.recompute_in_use();
+        first
+    }
+}
