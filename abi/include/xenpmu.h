@@ -142,6 +142,18 @@
 #define XENPMU_EIO 5
 
 /**
+ * errno: a mode or feature change is still being applied on other physical CPUs, or an
+ * operation waits for another physical CPU to stop the target's counters: nothing is wrong,
+ * call again (the change, once begun, completes on its own).
+ */
+#define XENPMU_EAGAIN 11
+
+/**
+ * errno: the frame is already registered as the shared page of another vCPU.
+ */
+#define XENPMU_EADDRINUSE 98
+
+/**
  * errno: the hypervisor could not map the page.
  */
 #define XENPMU_ENOMEM 12

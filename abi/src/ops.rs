@@ -64,6 +64,12 @@ pub const XENPMU_EPERM: i32 = 1;
 pub const XENPMU_ENOENT: i32 = 2;
 /// errno: the guest-edited vendor context failed verification at flush; the sample stays cached.
 pub const XENPMU_EIO: i32 = 5;
+/// errno: a mode or feature change is still being applied on other physical CPUs, or an
+/// operation waits for another physical CPU to stop the target's counters: nothing is wrong,
+/// call again (the change, once begun, completes on its own).
+pub const XENPMU_EAGAIN: i32 = 11;
+/// errno: the frame is already registered as the shared page of another vCPU.
+pub const XENPMU_EADDRINUSE: i32 = 98;
 /// errno: the hypervisor could not map the page.
 pub const XENPMU_ENOMEM: i32 = 12;
 /// errno: the caller's buffer could not be written (coverage read).
@@ -257,6 +263,10 @@ pub enum OpError {
     NotSupported,
     /// `-EFAULT`.
     BadAddress,
+    /// `-EAGAIN`: in progress on other physical CPUs; call again.
+    Again,
+    /// `-EADDRINUSE`: the frame is another vCPU's shared page.
+    FrameInUse,
     /// `-ENOBUFS`, with the size the caller's buffer needs (returned in the OUT `size`).
     BufferTooSmall {
         /// Bytes needed.
@@ -266,7 +276,7 @@ pub enum OpError {
 
 impl OpError {
     /// Every error.
-    pub const ALL: [OpError; 12] = [
+    pub const ALL: [OpError; 14] = [
         OpError::NotPrivileged,
         OpError::NoVpmu,
         OpError::InvalidContext,
@@ -278,6 +288,8 @@ impl OpError {
         OpError::VersionMismatch,
         OpError::NotSupported,
         OpError::BadAddress,
+        OpError::Again,
+        OpError::FrameInUse,
         OpError::BufferTooSmall { needed: 0 },
     ];
 
@@ -295,6 +307,8 @@ impl OpError {
             OpError::VersionMismatch => XENPMU_EPROTONOSUPPORT,
             OpError::NotSupported => XENPMU_EOPNOTSUPP,
             OpError::BadAddress => XENPMU_EFAULT,
+            OpError::Again => XENPMU_EAGAIN,
+            OpError::FrameInUse => XENPMU_EADDRINUSE,
             OpError::BufferTooSmall { .. } => XENPMU_ENOBUFS,
         }
     }
@@ -332,6 +346,8 @@ impl core::fmt::Display for OpError {
             OpError::VersionMismatch => "ABI major version differs from the hypervisor's",
             OpError::NotSupported => "operation not supported",
             OpError::BadAddress => "the caller's buffer could not be written",
+            OpError::Again => "in progress on other physical CPUs: call again",
+            OpError::FrameInUse => "the frame is already another vCPU's shared page",
             OpError::BufferTooSmall { .. } => "the caller's buffer is too small",
         };
         f.write_str(text)

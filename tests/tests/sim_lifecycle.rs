@@ -90,7 +90,7 @@ fn teardown_with_cached_sample<V: SimVendor>(vendor: V) {
     m.schedule(0, Some(A));
     m.program(A, &[sampling(0, 2), counting(1, 0)]);
     assert_eq!(delivered_to(&m.run(0, 2), A), 1);
-    assert_eq!(m.vcpu(A).state(), VcpuState::Cached);
+    assert!(matches!(m.vcpu(A).state(), VcpuState::Cached { .. }));
     assert!(m.platform.physical_masked[0]);
     assert_eq!(m.vpmu.unprivileged_in_use(), 1);
     m.teardown(A);
@@ -278,7 +278,6 @@ fn self_hv_swaps_while_busy_leave_counters_running() {
 /// delivery and reports the outcome later: the PMI is in flight until then, and conservation
 /// counts it there.
 fn queued_lvtpc_delivery<V: SimVendor>(vendor: V) {
-    use vpmu::VcpuTable;
     let mut m = Machine::new(vendor, 1, &[1, 1], XENPMU_MODE_SELF);
     m.platform.queue_lvtpc = true;
     m.schedule(0, Some(A));
@@ -293,7 +292,7 @@ fn queued_lvtpc_delivery<V: SimVendor>(vendor: V) {
     assert_eq!(m.vcpu(A).stats().pmis_in_flight, 1);
     m.assert_conservation();
 
-    let vcpu = m.vcpus.get_mut(A).expect("vcpu");
+    let vcpu = m.vcpus.get_mut(A);
     assert!(
         m.vpmu.lvtpc_delivery_done(vcpu, true),
         "the queued delivery completes"
@@ -302,7 +301,7 @@ fn queued_lvtpc_delivery<V: SimVendor>(vendor: V) {
         !m.vpmu.lvtpc_delivery_done(vcpu, false),
         "nothing else was in flight"
     );
-    let stats = m.vcpu(A).stats();
+    let stats = *m.vcpu(A).stats();
     assert_eq!(
         (
             stats.pmis_generated,

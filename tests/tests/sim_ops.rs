@@ -80,7 +80,7 @@ fn build<V: SimVendor>(vendor: &V, state: State) -> Machine<V> {
     let mut m = if state == State::Unavailable {
         Machine::with_vpmu(
             vendor.clone(),
-            Vpmu::unavailable(vendor.backend()),
+            Vpmu::unavailable(vendor.backend(), 2),
             2,
             &domains,
         )
@@ -190,7 +190,7 @@ fn oracle<V: SimVendor>(
     if target.vcpu >= m.platform.vcpu_counts[caller.domain as usize] {
         return Err(InvalidArgument);
     }
-    let mode = m.vpmu.mode();
+    let mode = m.vpmu.mode().to_abi();
     let busy = m.vpmu.unprivileged_in_use() > 0;
     let page = m.vcpu(target).page().is_some();
     match op {
@@ -231,6 +231,10 @@ fn oracle<V: SimVendor>(
             if page {
                 return Err(AlreadyRegistered);
             }
+            let frame = (caller.domain, p.val);
+            if m.platform.mappings.values().any(|&mapped| mapped == frame) {
+                return Err(FrameInUse);
+            }
             if m.platform.mappings.len() >= m.platform.mapping_limit {
                 return Err(MapFailed);
             }
@@ -240,7 +244,7 @@ fn oracle<V: SimVendor>(
             if !page {
                 return Err(NoVpmu);
             }
-            if m.vcpu(target).state() != VcpuState::Cached {
+            if !matches!(m.vcpu(target).state(), VcpuState::Cached { .. }) {
                 return Err(InvalidArgument);
             }
         }
@@ -302,7 +306,7 @@ fn check_success<V: SimVendor>(
             expected_out.version.minor = u32::from(XENPMU_VERSION_MINOR);
         }
         XENPMU_OP_FEATURE_GET => expected_out.val = before.features,
-        XENPMU_OP_MODE_SET => assert_eq!(m.vpmu.mode(), p.val),
+        XENPMU_OP_MODE_SET => assert_eq!(m.vpmu.mode().to_abi(), p.val),
         XENPMU_OP_FEATURE_SET => assert_eq!(m.vpmu.features(), p.val),
         XENPMU_OP_INIT => {
             assert!(m.vcpu(target).page().is_some());
@@ -314,7 +318,7 @@ fn check_success<V: SimVendor>(
             assert_eq!(m.vcpu(target).page(), None);
             assert_eq!(m.vcpu(target).state(), VcpuState::Allocated);
         }
-        XENPMU_OP_FLUSH => assert_ne!(m.vcpu(caller).state(), VcpuState::Cached),
+        XENPMU_OP_FLUSH => assert!(!matches!(m.vcpu(caller).state(), VcpuState::Cached { .. })),
         XENPMU_OP_COVERAGE => {
             // get_size: OUT size, at least a raw profile's 128-byte header.
             assert!(CoverageParams::from(*out).size >= 128, "{out:?}");
@@ -393,7 +397,10 @@ fn assert_reached(tally: &BTreeMap<(u32, i64), usize>, amd: bool) {
         (XENPMU_OP_MODE_SET, &[NotPrivileged, Busy]),
         (XENPMU_OP_FEATURE_GET, &[]),
         (XENPMU_OP_FEATURE_SET, &[NotPrivileged, Busy]),
-        (XENPMU_OP_INIT, &[NoVpmu, AlreadyRegistered, MapFailed]),
+        (
+            XENPMU_OP_INIT,
+            &[NoVpmu, AlreadyRegistered, FrameInUse, MapFailed],
+        ),
         (XENPMU_OP_FINISH, &[NoVpmu]),
         (XENPMU_OP_LVTPC_SET, &[NoVpmu]),
         (XENPMU_OP_FLUSH, &[NoVpmu]),

@@ -217,7 +217,8 @@ pub struct ContextError {
 pub trait PmuBackend {
     /// A vCPU's virtual PMU state (plain data, no heap). It is the authority for everything
     /// except the counter and status values while the context is loaded on hardware.
-    type Context: Clone + core::fmt::Debug;
+    /// `PartialEq` tells a policy change whether restricting a context changed anything.
+    type Context: Clone + core::fmt::Debug + PartialEq;
 
     /// What the enumerated PMU offers.
     fn capabilities(&self) -> &PmuCapabilities;

@@ -1,24 +1,125 @@
-//! The global vPMU: mode, features, the backend, and the rules that tie per-vCPU state to them.
+//! The global vPMU: the backend, and the policy (mode and features) every pCPU reads.
 //!
-//! The entry points live in sibling modules as further `impl Vpmu` blocks: MSR intercepts
-//! (`intercept`), context switch (`switch`), PMI routing (`pmi`) and the control operations
-//! (`ops`).
+//! Shared by every physical CPU at once and reached through `&self`. The hot entry points
+//! (intercepts, context switch, PMI, cross-CPU requests) read the policy with one atomic load
+//! and touch only the local pCPU's [`PcpuPmu`] and the vCPUs at hand. Policy changes are
+//! serialized by one small lock, held for a few instructions and never across a request (see
+//! `transition`). The entry points live in sibling modules as further `impl Vpmu` blocks.
+
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use vpmu_abi::{XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_OFF, XENPMU_MODE_SELF};
 
 use crate::backend::{GuestPolicy, PmuBackend};
 use crate::msr::{MsrBus, MsrFault};
 use crate::platform::{Platform, VcpuId};
-use crate::state::{PcpuPmu, VcpuPmu, VcpuState};
+use crate::state::{PcpuPmu, VcpuPmu};
 
-/// The integrator's table of vCPU states, so that the core can reach a vCPU other than the
-/// one at hand (the profiling vCPU at a PMI, the target of init and finish, the previous and
-/// next vCPU of a context switch).
+/// The vPMU mode, decoded once from the ABI's `XENPMU_MODE_*` value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// No vPMU for anyone.
+    Off,
+    /// Every guest profiles itself (`XENPMU_MODE_SELF`).
+    SelfProfiling,
+    /// As self, and the privileged domain's samples of hypervisor context are delivered to it
+    /// (`XENPMU_MODE_HV`).
+    Hypervisor,
+    /// The privileged domain profiles the whole machine; nobody else has a vPMU
+    /// (`XENPMU_MODE_ALL`).
+    All,
+}
+
+impl Mode {
+    /// Decodes an ABI mode value; `None` for anything that is not exactly one mode.
+    pub fn from_abi(value: u64) -> Option<Mode> {
+        match value {
+            XENPMU_MODE_OFF => Some(Mode::Off),
+            XENPMU_MODE_SELF => Some(Mode::SelfProfiling),
+            XENPMU_MODE_HV => Some(Mode::Hypervisor),
+            XENPMU_MODE_ALL => Some(Mode::All),
+            _ => None,
+        }
+    }
+
+    /// The ABI value.
+    pub fn to_abi(self) -> u64 {
+        match self {
+            Mode::Off => XENPMU_MODE_OFF,
+            Mode::SelfProfiling => XENPMU_MODE_SELF,
+            Mode::Hypervisor => XENPMU_MODE_HV,
+            Mode::All => XENPMU_MODE_ALL,
+        }
+    }
+
+    /// Whether contexts follow their vCPUs (self and hv modes).
+    pub fn switches_contexts(self) -> bool {
+        matches!(self, Mode::SelfProfiling | Mode::Hypervisor)
+    }
+}
+
+/// The policy in force, as one consistent snapshot: every policy change makes a new epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicySnapshot {
+    /// The mode.
+    pub mode: Mode,
+    /// `XENPMU_FEATURE_*` bits.
+    pub features: u64,
+    /// Incremented by every change of mode, features, or any domain's event filter.
+    pub epoch: u64,
+}
+
+impl PolicySnapshot {
+    // The word: epoch in bits 63:16, features in 15:8, the ABI mode value in 7:0.
+    fn pack(self) -> u64 {
+        self.epoch << 16 | (self.features & 0xff) << 8 | self.mode.to_abi()
+    }
+
+    fn unpack(word: u64) -> Self {
+        PolicySnapshot {
+            mode: Mode::from_abi(word & 0xff).unwrap_or(Mode::Off),
+            features: (word >> 8) & 0xff,
+            epoch: word >> 16,
+        }
+    }
+}
+
+// Every feature bit fits the packed word.
+const _: () = assert!(vpmu_abi::XENPMU_FEATURE_MASK <= 0xff);
+
+/// An error of an entry point that is not the guest's doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoreError {
+    /// A hardware access faulted: a hypervisor or backend bug.
+    Fault(MsrFault),
+    /// The integrator passed a vCPU whose context is loaded on another pCPU than the one the
+    /// call was made on (it must be switched out there first).
+    WrongPcpu {
+        /// The pCPU of the call.
+        here: u32,
+        /// The pCPU holding the vCPU's context.
+        loaded_on: u32,
+    },
+    /// `attach_pcpu` with an index at or beyond the pCPU count the vPMU was made for.
+    NoSuchPcpu(u32),
+}
+
+impl From<MsrFault> for CoreError {
+    fn from(fault: MsrFault) -> Self {
+        CoreError::Fault(fault)
+    }
+}
+
+/// The integrator's table of vCPU states, for the vCPUs a call needs besides the one at hand
+/// (the profiler at an all-mode PMI, the target of init and finish, the two vCPUs of a
+/// context switch). It takes `&self` so that every pCPU can share one table: an SMP
+/// integrator locks each vCPU individually inside `with_vcpu`. The core never calls it while
+/// it holds another vCPU of the table, so a per-vCPU lock cannot deadlock against the core.
 pub trait VcpuTable<C> {
-    /// The vCPU's state, if it exists.
-    fn get_mut(&mut self, id: VcpuId) -> Option<&mut VcpuPmu<C>>;
-    /// Calls `visit` on every vCPU of `domain`.
-    fn for_each_in_domain(&mut self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>));
+    /// Runs `visit` on `id`'s state; false if there is no such vCPU.
+    fn with_vcpu(&self, id: VcpuId, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) -> bool;
+    /// Runs `visit` on every vCPU of `domain`, one at a time.
+    fn for_each_in_domain(&self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>));
 }
 
 /// The global vPMU state.
@@ -26,39 +127,54 @@ pub trait VcpuTable<C> {
 pub struct Vpmu<B: PmuBackend> {
     pub(crate) backend: B,
     pub(crate) available: bool,
-    pub(crate) mode: u64,
-    pub(crate) features: u64,
-    /// Unprivileged vCPUs whose vPMU is in use (`VcpuPmu::in_use`): mode and feature changes
-    /// are refused while there are any.
-    pub(crate) unprivileged_in_use: u32,
+    pub(crate) pcpu_count: u32,
+    policy: AtomicU64,
+    /// Unprivileged vCPUs whose vPMU is in use (`VcpuPmu::in_use`): a change of mode or
+    /// features that needs none is refused while there are any.
+    unprivileged_in_use: AtomicU32,
+    /// Held (for a few instructions) by a policy change that checks `unprivileged_in_use`:
+    /// a vCPU's first use waits for it, so the check and the new policy are atomic for it.
+    gate: AtomicBool,
+    /// pCPUs that have not caught up with the newest epoch; a new change waits for 0.
+    pub(crate) lagging: AtomicU32,
+    /// Attached pCPUs: the ones a change waits for.
+    online: AtomicU32,
+    /// The epoch at which all mode was last entered (system-wide instance counts of older
+    /// all-mode periods are void).
+    pub(crate) all_since: AtomicU64,
+    /// Serializes policy changes, init (the frame-in-use check), attach and detach.
+    pub(crate) control: spin::Mutex<()>,
 }
 
 impl<B: PmuBackend> Vpmu<B> {
-    /// A vPMU over `backend`, starting in `mode` (one of `XENPMU_MODE_*`).
-    pub fn new(backend: B, mode: u64) -> Self {
-        let mode = if vpmu_abi::ops::is_valid_mode(mode) {
-            mode
-        } else {
-            XENPMU_MODE_OFF
-        };
-        Self {
-            backend,
-            available: true,
-            mode,
-            features: 0,
-            unprivileged_in_use: 0,
-        }
+    /// A vPMU over `backend` for a host of `pcpus` physical CPUs, starting in `mode`.
+    pub fn new(backend: B, mode: Mode, pcpus: u32) -> Self {
+        Self::with_availability(backend, mode, pcpus, true)
     }
 
     /// A hypervisor built or booted without a vPMU: every operation is `-EOPNOTSUPP` and every
     /// PMU MSR faults.
-    pub fn unavailable(backend: B) -> Self {
+    pub fn unavailable(backend: B, pcpus: u32) -> Self {
+        Self::with_availability(backend, Mode::Off, pcpus, false)
+    }
+
+    fn with_availability(backend: B, mode: Mode, pcpus: u32, available: bool) -> Self {
+        let policy = PolicySnapshot {
+            mode,
+            features: 0,
+            epoch: 0,
+        };
         Self {
             backend,
-            available: false,
-            mode: XENPMU_MODE_OFF,
-            features: 0,
-            unprivileged_in_use: 0,
+            available,
+            pcpu_count: pcpus,
+            policy: AtomicU64::new(policy.pack()),
+            unprivileged_in_use: AtomicU32::new(0),
+            gate: AtomicBool::new(false),
+            lagging: AtomicU32::new(0),
+            online: AtomicU32::new(0),
+            all_since: AtomicU64::new(0),
+            control: spin::Mutex::new(()),
         }
     }
 
@@ -67,26 +183,67 @@ impl<B: PmuBackend> Vpmu<B> {
         &self.backend
     }
 
+    /// The policy in force.
+    pub fn policy(&self) -> PolicySnapshot {
+        PolicySnapshot::unpack(self.policy.load(Ordering::Acquire))
+    }
+
     /// The current mode.
-    pub fn mode(&self) -> u64 {
-        self.mode
+    pub fn mode(&self) -> Mode {
+        self.policy().mode
     }
 
     /// The current features.
     pub fn features(&self) -> u64 {
-        self.features
+        self.policy().features
     }
 
     /// Unprivileged vCPUs with a vPMU in use.
     pub fn unprivileged_in_use(&self) -> u32 {
-        self.unprivileged_in_use
+        self.unprivileged_in_use.load(Ordering::Acquire)
     }
 
-    /// Takes over a pCPU's PMU hardware: cleans it (see `PmuBackend::init_hardware`) and
-    /// returns the per-pCPU state to embed.
-    pub fn attach_pcpu<H: MsrBus>(&self, mut hw: H) -> Result<PcpuPmu<B::Context, H>, MsrFault> {
+    /// Whether a policy change is still being applied on some pCPU.
+    pub fn change_in_progress(&self) -> bool {
+        self.lagging.load(Ordering::Acquire) > 0
+    }
+
+    /// The number of physical CPUs the vPMU was made for.
+    pub fn pcpu_count(&self) -> u32 {
+        self.pcpu_count
+    }
+
+    /// Takes over physical CPU `index`'s PMU hardware: cleans it (see
+    /// `PmuBackend::init_hardware`) and returns the per-pCPU state to embed. Call it on that
+    /// CPU, once, before its first guest entry.
+    pub fn attach_pcpu<H: MsrBus>(
+        &self,
+        index: u32,
+        mut hw: H,
+    ) -> Result<PcpuPmu<B::Context, H>, CoreError> {
+        if index >= self.pcpu_count {
+            return Err(CoreError::NoSuchPcpu(index));
+        }
         self.backend.init_hardware(&mut hw)?;
-        Ok(PcpuPmu::new(hw))
+        let _control = self.control.lock();
+        let policy = self.policy();
+        self.online.fetch_add(1, Ordering::AcqRel);
+        Ok(PcpuPmu::new(index, hw, policy))
+    }
+
+    /// Takes physical CPU `pcpu` out of service (CPU offline, or the end of a VMM run): it
+    /// must run no vCPU; catches it up with a change in progress, drops its system-wide
+    /// context, and returns the hardware. Later changes do not wait for it.
+    pub fn detach_pcpu<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        mut pcpu: PcpuPmu<B::Context, H>,
+    ) -> Result<H, CoreError> {
+        let _control = self.control.lock();
+        self.catch_up(platform, &mut pcpu, None)?;
+        self.drop_system_context(platform, &mut pcpu)?;
+        self.online.fetch_sub(1, Ordering::AcqRel);
+        Ok(pcpu.hw)
     }
 
     /// A fresh per-vCPU state for `id`.
@@ -94,44 +251,112 @@ impl<B: PmuBackend> Vpmu<B> {
         VcpuPmu::new(id, self.backend.new_context())
     }
 
-    /// Whether contexts are switched with their vCPUs (self and hv modes); in all mode the
-    /// profiler's counters run system-wide and nothing is switched.
-    pub(crate) fn switches_contexts(&self) -> bool {
-        self.available && (self.mode == XENPMU_MODE_SELF || self.mode == XENPMU_MODE_HV)
+    /// Whether `vcpu` has a vPMU under `policy`.
+    pub(crate) fn has_vpmu(&self, policy: PolicySnapshot, privileged: u32, vcpu: VcpuId) -> bool {
+        self.available
+            && match policy.mode {
+                Mode::SelfProfiling | Mode::Hypervisor => true,
+                Mode::All => vcpu.domain == privileged,
+                Mode::Off => false,
+            }
     }
 
-    /// Whether `vcpu` has a vPMU in the current mode.
-    pub(crate) fn has_vpmu(&self, privileged: u32, vcpu: VcpuId) -> bool {
-        match self.mode {
-            _ if !self.available => false,
-            XENPMU_MODE_SELF | XENPMU_MODE_HV => true,
-            XENPMU_MODE_ALL => vcpu.domain == privileged,
-            _ => false,
-        }
-    }
-
-    /// The policy for `domain`'s accesses.
-    pub(crate) fn policy<'p, P: Platform>(&self, platform: &'p P, domain: u32) -> GuestPolicy<'p> {
+    /// The guest policy for `domain`'s accesses under `policy`.
+    pub(crate) fn guest_policy<'p, P: Platform>(
+        &self,
+        policy: PolicySnapshot,
+        platform: &'p P,
+        domain: u32,
+    ) -> GuestPolicy<'p> {
         let privileged = domain == platform.privileged_domain();
         GuestPolicy {
-            features: self.features,
+            features: policy.features,
             filter: platform.event_filter(domain),
-            may_count_host: privileged
-                && (self.mode == XENPMU_MODE_HV || self.mode == XENPMU_MODE_ALL),
+            may_count_host: privileged && matches!(policy.mode, Mode::Hypervisor | Mode::All),
         }
     }
 
-    /// Keeps `unprivileged_in_use` right after an operation that may have changed whether
-    /// `vcpu` is in use (`was_in_use` is the value before).
-    pub(crate) fn track_use<C>(&mut self, privileged: u32, vcpu: &VcpuPmu<C>, was_in_use: bool) {
+    /// Makes `vcpu` count as in use before an operation that may make it so (its first
+    /// WRMSR, init). Waits while a change holds the gate (a few instructions), so that a
+    /// change that needs no vPMU in use either sees this one or is seen by it.
+    pub(crate) fn claim_use(&self) {
+        loop {
+            self.unprivileged_in_use.fetch_add(1, Ordering::SeqCst);
+            if !self.gate.load(Ordering::SeqCst) {
+                return;
+            }
+            self.unprivileged_in_use.fetch_sub(1, Ordering::SeqCst);
+            while self.gate.load(Ordering::SeqCst) {
+                core::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Undoes a `claim_use` whose vCPU did not become in use, or ends a vCPU's use.
+    pub(crate) fn release_use(&self) {
+        let _ = self
+            .unprivileged_in_use
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+
+    /// After an operation on an unprivileged vCPU that may have changed whether it is in use:
+    /// `claimed` says whether `claim_use` was called for it beforehand.
+    pub(crate) fn settle_use<C>(
+        &self,
+        privileged: u32,
+        vcpu: &VcpuPmu<C>,
+        was: bool,
+        claimed: bool,
+    ) {
         if vcpu.id.domain == privileged {
             return;
         }
-        match (was_in_use, vcpu.in_use()) {
-            (false, true) => self.unprivileged_in_use += 1,
-            (true, false) => self.unprivileged_in_use = self.unprivileged_in_use.saturating_sub(1),
-            _ => {}
+        // The count must move by (now - was); a claim already added one.
+        let wanted = i32::from(vcpu.in_use()) - i32::from(was);
+        let mut adjust = wanted - i32::from(claimed);
+        while adjust > 0 {
+            self.unprivileged_in_use.fetch_add(1, Ordering::SeqCst);
+            adjust -= 1;
         }
+        while adjust < 0 {
+            self.release_use();
+            adjust += 1;
+        }
+    }
+
+    /// Swaps in a new policy once a change has checked it may (under the control lock): the
+    /// gate, when `exclusive`, makes the in-use check and the new policy one step for vCPUs
+    /// making their first use. Returns the new snapshot, or `None` if vPMUs are in use.
+    pub(crate) fn commit_policy(
+        &self,
+        mode: Mode,
+        features: u64,
+        exclusive: bool,
+    ) -> Option<PolicySnapshot> {
+        if exclusive {
+            self.gate.store(true, Ordering::SeqCst);
+            if self.unprivileged_in_use.load(Ordering::SeqCst) > 0 {
+                self.gate.store(false, Ordering::SeqCst);
+                return None;
+            }
+        }
+        let old = self.policy();
+        let new = PolicySnapshot {
+            mode,
+            features,
+            epoch: old.epoch + 1,
+        };
+        // Every online pCPU (the caller's included) catches up once with this epoch.
+        self.lagging
+            .store(self.online.load(Ordering::Acquire), Ordering::SeqCst);
+        if mode == Mode::All && old.mode != Mode::All {
+            self.all_since.store(new.epoch, Ordering::SeqCst);
+        }
+        self.policy.store(new.pack(), Ordering::SeqCst);
+        if exclusive {
+            self.gate.store(false, Ordering::SeqCst);
+        }
+        Some(new)
     }
 
     /// In all mode, the privileged vCPU that profiles `pcpu` (pCPU p → vCPU p mod n).
@@ -144,48 +369,17 @@ impl<B: PmuBackend> Vpmu<B> {
         })
     }
 
-    /// Saves `vcpu`'s context if it is on hardware, charging the accesses to it.
-    pub(crate) fn save_vcpu<H: MsrBus>(
+    /// In all mode, the pCPUs privileged vCPU `vcpu` profiles (p mod n == vcpu).
+    pub(crate) fn profiled_pcpus<P: Platform>(
         &self,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpu: &mut VcpuPmu<B::Context>,
-    ) -> Result<(), MsrFault> {
-        if let VcpuState::Loaded { pcpu } = vcpu.state {
-            let Some(cpu) = pcpus.get_mut(pcpu as usize) else {
-                return Ok(());
-            };
-            let mut bus = cpu.counted();
-            let result = self.backend.save(&mut vcpu.ctx, &mut bus);
-            vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
-            result?;
-            vcpu.stats.saves += 1;
-            vcpu.state = VcpuState::Saved;
-        }
-        Ok(())
-    }
-
-    /// Loads `vcpu`'s context onto the pCPU it runs on if it is saved and has anything to run.
-    pub(crate) fn load_if_active<H: MsrBus>(
-        &self,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpu: &mut VcpuPmu<B::Context>,
-    ) -> Result<(), MsrFault> {
-        let (VcpuState::Saved, Some(pcpu)) = (vcpu.state, vcpu.running_on) else {
-            return Ok(());
-        };
-        if !self.switches_contexts() || !self.backend.is_active(&vcpu.ctx) {
-            return Ok(());
-        }
-        let Some(cpu) = pcpus.get_mut(pcpu as usize) else {
-            return Ok(());
-        };
-        let mut bus = cpu.counted();
-        let result = self.backend.load(&vcpu.ctx, &mut bus);
-        vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
-        result?;
-        vcpu.stats.loads += 1;
-        vcpu.state = VcpuState::Loaded { pcpu };
-        Ok(())
+        platform: &P,
+        vcpu: u32,
+    ) -> impl Iterator<Item = u32> + use<B, P> {
+        let n = platform
+            .vcpu_count(platform.privileged_domain())
+            .unwrap_or(0)
+            .max(1);
+        (0..self.pcpu_count).filter(move |p| p % n == vcpu)
     }
 }
 

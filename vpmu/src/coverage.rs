@@ -23,10 +23,10 @@ use crate::core::Vpmu;
 use crate::platform::{Platform, VcpuId};
 
 impl<B: PmuBackend> Vpmu<B> {
-    /// `XENPMU_OP_COVERAGE` for `caller`. `&mut self`: the runtime is not thread-safe, and the
-    /// exclusive borrow of the core is what serializes the callers.
+    /// `XENPMU_OP_COVERAGE` for `caller`. The runtime is not thread-safe: the control lock
+    /// serializes the callers.
     pub(crate) fn coverage_op<P: Platform>(
-        &mut self,
+        &self,
         platform: &mut P,
         caller: VcpuId,
         params: &CoverageParams,
@@ -45,6 +45,7 @@ impl<B: PmuBackend> Vpmu<B> {
                 return Err(OpError::NotPrivileged);
             }
             let mut out = *params;
+            let _control = self.control.lock();
             match params.subop {
                 XENPMU_COVERAGE_GET_SIZE | XENPMU_COVERAGE_RESET
                     if params.buffer != 0 || params.size != 0 =>

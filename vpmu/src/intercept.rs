@@ -1,36 +1,38 @@
 //! Guest RDMSR/WRMSR intercepts. The backend validates and emulates; the core decides which
-//! context an access reaches (the vCPU's own, or in all mode the system-wide contexts of the
-//! pCPUs the privileged vCPU profiles) and whether that context is on hardware.
+//! context an access reaches (the vCPU's own, or in all mode the privileged vCPU's program and
+//! the local pCPU's system-wide instance) and whether that context is on this pCPU's hardware.
+//! Nothing here can reach another pCPU's hardware: the only bus is the local pCPU's, and what
+//! other pCPUs must do is sent to them as a request.
 
 use crate::backend::{MsrOutcome, PmuBackend};
-use crate::core::Vpmu;
-use crate::msr::{Msr, MsrBus, MsrFault};
+use crate::core::{CoreError, Mode, PolicySnapshot, Vpmu};
+use crate::msr::{Msr, MsrBus};
 use crate::platform::Platform;
-use crate::state::{PcpuPmu, VcpuPmu, VcpuState};
+use crate::request::CrossCpuRequest;
+use crate::state::{PcpuPmu, SystemContext, VcpuPmu, VcpuState};
 
 impl<B: PmuBackend> Vpmu<B> {
-    /// A guest RDMSR on the vCPU `vcpu`, running on one of `pcpus`.
+    /// A guest RDMSR by `vcpu`, which runs on `pcpu` (the caller's own pCPU).
     pub fn rdmsr<P: Platform, H: MsrBus>(
-        &mut self,
+        &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
+        pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
         msr: Msr,
-    ) -> Result<MsrOutcome<u64>, MsrFault> {
+    ) -> Result<MsrOutcome<u64>, CoreError> {
         if !self.backend.owns(msr) {
             return Ok(MsrOutcome::NotPmu);
         }
+        let policy = self.enter(platform, pcpu, vcpu)?;
         vcpu.stats.msr_reads += 1;
         let privileged = platform.privileged_domain();
-        let outcome = if !self.has_vpmu(privileged, vcpu.id) {
+        let outcome = if !self.has_vpmu(policy, privileged, vcpu.id) {
             MsrOutcome::GeneralProtection
-        } else if self.mode == vpmu_abi::XENPMU_MODE_ALL {
-            self.system_read(platform, pcpus, vcpu, msr)?
+        } else if policy.mode == Mode::All {
+            self.system_read(platform, pcpu, vcpu, msr)?
         } else {
-            let hw = match vcpu.state {
-                VcpuState::Loaded { pcpu } => pcpus.get_mut(pcpu as usize).map(|cpu| &mut cpu.hw),
-                _ => None,
-            };
+            let hw =
+                (vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index })).then_some(&mut pcpu.hw);
             self.backend.guest_read(&mut vcpu.ctx, hw, msr)?
         };
         if outcome == MsrOutcome::GeneralProtection {
@@ -39,114 +41,170 @@ impl<B: PmuBackend> Vpmu<B> {
         Ok(outcome)
     }
 
-    /// A guest WRMSR on the vCPU `vcpu`, running on one of `pcpus`.
+    /// A guest WRMSR by `vcpu`, which runs on `pcpu` (the caller's own pCPU).
     pub fn wrmsr<P: Platform, H: MsrBus>(
-        &mut self,
+        &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
+        pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
         msr: Msr,
         value: u64,
-    ) -> Result<MsrOutcome<()>, MsrFault> {
+    ) -> Result<MsrOutcome<()>, CoreError> {
         if !self.backend.owns(msr) {
             return Ok(MsrOutcome::NotPmu);
         }
-        vcpu.stats.msr_writes += 1;
         let privileged = platform.privileged_domain();
         let was_in_use = vcpu.in_use();
-        let outcome = if !self.has_vpmu(privileged, vcpu.id) {
-            MsrOutcome::GeneralProtection
-        } else if vcpu.state == VcpuState::Cached {
-            // Inside the cached window the context is the page's: a WRMSR would be overwritten
-            // by the flush (or make it fail), so it is refused rather than silently lost.
-            MsrOutcome::GeneralProtection
-        } else if self.mode == vpmu_abi::XENPMU_MODE_ALL {
-            self.system_write(platform, pcpus, vcpu, msr, value)?
-        } else {
-            let policy = self.policy(platform, vcpu.id.domain);
-            let hw = match vcpu.state {
-                VcpuState::Loaded { pcpu } => pcpus.get_mut(pcpu as usize).map(|cpu| &mut cpu.hw),
-                _ => None,
-            };
-            let outcome = self
-                .backend
-                .guest_write(&mut vcpu.ctx, hw, &policy, msr, value)?;
-            if outcome == MsrOutcome::Handled(()) {
-                if vcpu.state == VcpuState::Allocated {
-                    vcpu.state = VcpuState::Saved;
-                }
-                // First use on this pCPU: a context that now has something enabled goes onto
-                // the hardware it runs on (a cached context stays in the page until flush).
-                self.load_if_active(pcpus, vcpu)?;
-            }
-            outcome
-        };
+        // A first use waits for a change checking that none exists, then sees its policy.
+        let claimed = !was_in_use && vcpu.id.domain != privileged;
+        if claimed {
+            self.claim_use();
+        }
+        let outcome = self.write_claimed(platform, pcpu, vcpu, msr, value);
+        self.settle_use(privileged, vcpu, was_in_use, claimed);
+        let outcome = outcome?;
         if outcome == MsrOutcome::GeneralProtection {
             vcpu.stats.gp_faults += 1;
         }
-        self.track_use(privileged, vcpu, was_in_use);
         Ok(outcome)
     }
 
-    /// All mode, privileged vCPU: the pCPUs it profiles (p mod n == its index).
-    fn profiled_pcpus<P: Platform>(
+    fn write_claimed<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+        msr: Msr,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, CoreError> {
+        let policy = self.enter(platform, pcpu, vcpu)?;
+        vcpu.stats.msr_writes += 1;
+        let privileged = platform.privileged_domain();
+        if !self.has_vpmu(policy, privileged, vcpu.id) {
+            return Ok(MsrOutcome::GeneralProtection);
+        }
+        if let VcpuState::Cached { .. } = vcpu.state {
+            // Inside the cached window the context is the page's: a WRMSR would be overwritten
+            // by the flush (or make it fail), so it is refused rather than silently lost.
+            return Ok(MsrOutcome::GeneralProtection);
+        }
+        if policy.mode == Mode::All {
+            return self.system_write(platform, policy, pcpu, vcpu, msr, value);
+        }
+        let guest = self.guest_policy(policy, platform, vcpu.id.domain);
+        let loaded = vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index });
+        let hw = loaded.then_some(&mut pcpu.hw);
+        let outcome = self
+            .backend
+            .guest_write(&mut vcpu.ctx, hw, &guest, msr, value)?;
+        if outcome == MsrOutcome::Handled(()) {
+            if vcpu.state == VcpuState::Allocated {
+                vcpu.state = VcpuState::Saved;
+            }
+            // First use on this pCPU: a context that now has something enabled goes onto
+            // the hardware it runs on.
+            self.load_if_active(platform, policy, pcpu, vcpu)?;
+        }
+        Ok(outcome)
+    }
+
+    /// The common start of an intercept: the pCPU caught up with the policy, the vCPU checked
+    /// to run here and brought in line with it.
+    fn enter<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<PolicySnapshot, CoreError> {
+        if let VcpuState::Loaded { pcpu: other } = vcpu.state {
+            if other != pcpu.index {
+                return Err(CoreError::WrongPcpu {
+                    here: pcpu.index,
+                    loaded_on: other,
+                });
+            }
+        }
+        // Catching up needs the vCPU running here; an access by one that is not (a caller
+        // emulating for a descheduled vCPU) leaves that to the next call that has it.
+        match pcpu.current {
+            Some(id) if id == vcpu.id => self.catch_up(platform, pcpu, Some(&mut *vcpu))?,
+            None => self.catch_up(platform, pcpu, None)?,
+            Some(_) => {}
+        }
+        let policy = self.policy();
+        self.settle(platform, policy, vcpu);
+        Ok(policy)
+    }
+
+    /// Whether privileged vCPU `vcpu` profiles `pcpu` in all mode.
+    fn profiles<P: Platform, H>(
         platform: &P,
-        vcpu: u32,
-        pcpu_count: usize,
-    ) -> impl Iterator<Item = usize> {
-        let n = platform
-            .vcpu_count(platform.privileged_domain())
-            .unwrap_or(0)
-            .max(1) as usize;
-        (0..pcpu_count).filter(move |p| p % n == vcpu as usize)
+        pcpu: &PcpuPmu<B::Context, H>,
+        vcpu: &VcpuPmu<B::Context>,
+    ) -> bool {
+        Self::profiler_of(platform, pcpu.index) == Some(vcpu.id)
     }
 
     fn system_read<P: Platform, H: MsrBus>(
         &self,
         platform: &P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpu: &VcpuPmu<B::Context>,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
         msr: Msr,
-    ) -> Result<MsrOutcome<u64>, MsrFault> {
-        // Read the instance of the pCPU the profiler runs on if it profiles it, else of the
-        // first pCPU it profiles; every instance was programmed with the same writes.
-        let mut profiled = Self::profiled_pcpus(platform, vcpu.id.vcpu, pcpus.len());
-        let first = profiled.next();
-        let here = vcpu
-            .running_on
-            .map(|p| p as usize)
-            .filter(|&p| Self::profiled_pcpus(platform, vcpu.id.vcpu, pcpus.len()).any(|q| q == p));
-        let Some(cpu) = here.or(first).and_then(|p| pcpus.get_mut(p)) else {
-            return Ok(MsrOutcome::GeneralProtection);
-        };
-        let loaded = !cpu.system_cached;
-        let ctx = cpu.system.get_or_insert_with(|| self.backend.new_context());
-        self.backend
-            .guest_read(ctx, if loaded { Some(&mut cpu.hw) } else { None }, msr)
+    ) -> Result<MsrOutcome<u64>, CoreError> {
+        // The instance of this pCPU if the vCPU profiles it (live values), else its program.
+        if Self::profiles(platform, pcpu, vcpu) {
+            match &mut pcpu.system {
+                SystemContext::Loaded { ctx, .. } => {
+                    return Ok(self.backend.guest_read(ctx, Some(&mut pcpu.hw), msr)?);
+                }
+                SystemContext::Cached { ctx, .. } => {
+                    return Ok(self.backend.guest_read(ctx, None::<&mut H>, msr)?);
+                }
+                SystemContext::Absent => {}
+            }
+        }
+        let program = vcpu
+            .program
+            .get_or_insert_with(|| self.backend.new_context());
+        Ok(self.backend.guest_read(program, None::<&mut H>, msr)?)
     }
 
     fn system_write<P: Platform, H: MsrBus>(
         &self,
-        platform: &P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpu: &VcpuPmu<B::Context>,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
         msr: Msr,
         value: u64,
-    ) -> Result<MsrOutcome<()>, MsrFault> {
-        let policy = self.policy(platform, vcpu.id.domain);
-        let mut outcome = MsrOutcome::GeneralProtection;
-        for p in Self::profiled_pcpus(platform, vcpu.id.vcpu, pcpus.len()) {
-            let Some(cpu) = pcpus.get_mut(p) else {
-                continue;
-            };
-            let loaded = !cpu.system_cached;
-            let ctx = cpu.system.get_or_insert_with(|| self.backend.new_context());
-            let hw = if loaded { Some(&mut cpu.hw) } else { None };
-            outcome = self.backend.guest_write(ctx, hw, &policy, msr, value)?;
-            if outcome != MsrOutcome::Handled(()) {
-                // Validation is the same for every instance: the first refusal refuses all,
-                // and a refused write changed nothing.
-                break;
+    ) -> Result<MsrOutcome<()>, CoreError> {
+        let guest = self.guest_policy(policy, platform, vcpu.id.domain);
+        // The program is validated first: one verdict for every instance.
+        let program = vcpu
+            .program
+            .get_or_insert_with(|| self.backend.new_context());
+        let outcome = self
+            .backend
+            .guest_write(program, None::<&mut H>, &guest, msr, value)?;
+        if outcome != MsrOutcome::Handled(()) {
+            return Ok(outcome);
+        }
+        if vcpu.state == crate::state::VcpuState::Allocated {
+            vcpu.state = VcpuState::Saved;
+        }
+        let here = pcpu.index;
+        if Self::profiles(platform, pcpu, vcpu) {
+            self.write_system_instance(platform, pcpu, vcpu, msr, value)?;
+        }
+        for other in self.profiled_pcpus(platform, vcpu.id.vcpu) {
+            if other != here {
+                let request = CrossCpuRequest::SystemWrite {
+                    profiler: vcpu.id,
+                    msr,
+                    value,
+                };
+                platform.send_request(other, request);
             }
         }
         Ok(outcome)

@@ -30,10 +30,11 @@ pub mod msr;
 mod ops;
 pub mod platform;
 mod pmi;
+pub mod request;
 mod state;
 mod switch;
 
-pub use crate::core::{VcpuTable, Vpmu};
+pub use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
 pub use backend::{
     AllowAll, ContextError, CounterSet, EventFilter, ExecMode, GuestPolicy, HwEvent, MsrOutcome,
     Overflow, PmuBackend, PmuCapabilities, RawEvent, SoftwarePmu, Vendor,
@@ -42,5 +43,6 @@ pub use filter::{EventList, EventMatch, FilterAction, ListFull};
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};
 pub use platform::{Diagnostic, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform, VcpuId};
 pub use pmi::PmiOutcome;
-pub use state::{PcpuPmu, VcpuPmu, VcpuState, VcpuStats};
+pub use request::{ChangeRefused, Completion, CrossCpuRequest};
+pub use state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState, VcpuStats};
 pub use vpmu_abi as abi;

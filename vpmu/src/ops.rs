@@ -1,18 +1,18 @@
 //! The control operations, exactly as docs/abi.md specifies them: operation number, then
 //! version, then privilege, then arguments, then state; an operation that fails changes
-//! nothing, and its OUT fields are only produced on success.
+//! nothing, and its OUT fields are only produced on success. `-EAGAIN` is the exception that
+//! docs/abi.md describes: a change that has begun and is being applied on other pCPUs.
 
 use vpmu_abi::ops::{CoverageParams, Op, OpError, Params, is_valid_features, is_valid_mode};
 use vpmu_abi::writer::{clear_cached, copy_vendor_area, guest_lvtpc_masked, init_page};
-use vpmu_abi::{
-    XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_SELF, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
-};
+use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 
 use crate::backend::PmuBackend;
-use crate::core::{VcpuTable, Vpmu};
+use crate::core::{Mode, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
 use crate::platform::{Diagnostic, MapError, Platform, VcpuId};
-use crate::state::{PcpuPmu, VcpuPmu, VcpuState};
+use crate::request::{ChangeRefused, Completion, CrossCpuRequest};
+use crate::state::{PcpuPmu, SampleSource, SharedPage, SystemContext, VcpuPmu, VcpuState};
 
 /// Features this backend can enforce; the Intel-only ones are refused elsewhere.
 fn enforceable_features(vendor: crate::backend::Vendor) -> u64 {
@@ -22,15 +22,36 @@ fn enforceable_features(vendor: crate::backend::Vendor) -> u64 {
     }
 }
 
+fn completion(done: Completion) -> Result<(), OpError> {
+    match done {
+        Completion::Done => Ok(()),
+        Completion::Pending => Err(OpError::Again),
+    }
+}
+
+fn refused<P: Platform>(platform: &mut P, caller: VcpuId, why: ChangeRefused) -> OpError {
+    match why {
+        ChangeRefused::InProgress => OpError::Again,
+        ChangeRefused::InUse => {
+            platform.diagnostic(Diagnostic::ChangeRefusedBusy { caller });
+            OpError::Busy
+        }
+        ChangeRefused::Fault(_) => OpError::InvalidContext,
+    }
+}
+
 impl<B: PmuBackend> Vpmu<B> {
-    /// Runs control operation `op` for `caller` with the parameter block `params` (already
-    /// copied in from guest memory). On success returns the block to copy back (OUT fields
-    /// filled in); on failure nothing has changed and nothing is to be copied back.
+    /// Runs control operation `op` for `caller`, which runs on `pcpu` (the caller's own
+    /// pCPU), with the parameter block `params` (already copied in from guest memory). On
+    /// success returns the block to copy back (OUT fields filled in); on failure nothing has
+    /// changed and nothing is to be copied back. `OpError::Again` (`-EAGAIN`) means the
+    /// operation waits for other pCPUs to handle the requests it sent: deliver them and call
+    /// again (a hypervisor restarts the hypercall, as Xen's continuations do).
     pub fn control_op<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
-        &mut self,
+        &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpus: &mut T,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
         caller: VcpuId,
         op: u32,
         params: &Params,
@@ -60,111 +81,116 @@ impl<B: PmuBackend> Vpmu<B> {
         {
             return Err(OpError::InvalidArgument);
         }
+        self.catch_up_with_table(platform, pcpu, vcpus)
+            .map_err(|_| OpError::InvalidContext)?;
         let mut out = *params;
         match op {
             Op::ModeGet => {
-                out.val = self.mode;
+                out.val = self.policy().mode.to_abi();
                 out.version.major = u32::from(XENPMU_VERSION_MAJOR);
                 out.version.minor = u32::from(XENPMU_VERSION_MINOR);
             }
-            Op::FeatureGet => out.val = self.features,
-            Op::ModeSet => self.mode_set(platform, pcpus, vcpus, caller, params.val)?,
-            Op::FeatureSet => self.feature_set(platform, caller, params.val)?,
+            Op::FeatureGet => out.val = self.policy().features,
+            Op::ModeSet => self.mode_set(platform, pcpu, vcpus, caller, params.val)?,
+            Op::FeatureSet => self.feature_set(platform, pcpu, vcpus, caller, params.val)?,
             Op::Init => self.init(platform, vcpus, caller, params)?,
             Op::Finish => {
-                let target = self.target(platform, vcpus, caller, params.vcpu)?;
-                if target.page.is_none() {
+                let target = self.target(platform, caller, params.vcpu)?;
+                let mut registered = false;
+                vcpus.with_vcpu(target, &mut |v| registered = v.page.is_some());
+                if !registered {
                     return Err(OpError::NoVpmu);
                 }
-                self.teardown_vcpu(platform, pcpus, target)
+                let done = self
+                    .teardown_vcpu(platform, pcpu, vcpus, target)
                     .map_err(|_| OpError::InvalidContext)?;
+                completion(done)?;
             }
             Op::LvtpcSet => {
-                let vcpu = vcpus.get_mut(caller).ok_or(OpError::InvalidArgument)?;
-                let slot = vcpu.page.ok_or(OpError::NoVpmu)?;
-                let lvtpc = platform
-                    .with_page(slot, |page| page.lapic_lvtpc)
-                    .ok_or(OpError::NoVpmu)?;
-                // While a sample is cached the new mask applies at flush, which reads it again.
-                if vcpu.state != VcpuState::Cached {
-                    vcpu.page_lvtpc_masked = guest_lvtpc_masked(lvtpc);
-                }
+                let mut result = Err(OpError::InvalidArgument);
+                vcpus.with_vcpu(caller, &mut |vcpu| {
+                    result = Self::lvtpc_set(platform, vcpu);
+                });
+                result?;
             }
             // Returned above.
             Op::Coverage => return Err(OpError::NotSupported),
             Op::Flush => {
-                let vcpu = vcpus.get_mut(caller).ok_or(OpError::InvalidArgument)?;
-                self.flush(platform, pcpus, vcpu)?;
+                let mut result = Err(OpError::InvalidArgument);
+                vcpus.with_vcpu(caller, &mut |vcpu| {
+                    result = self.flush(platform, pcpu, vcpu);
+                });
+                result?;
             }
         }
         Ok(out)
     }
 
-    fn target<'t, P: Platform, T: VcpuTable<B::Context>>(
+    fn lvtpc_set<P: Platform>(
+        platform: &mut P,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), OpError> {
+        let page = vcpu.page.ok_or(OpError::NoVpmu)?;
+        let lvtpc = platform
+            .with_page(page.slot, |page| page.lapic_lvtpc)
+            .ok_or(OpError::NoVpmu)?;
+        // While a sample is cached the new mask applies at flush, which reads it again.
+        if !matches!(vcpu.state, VcpuState::Cached { .. }) {
+            vcpu.page_lvtpc_masked = guest_lvtpc_masked(lvtpc);
+        }
+        Ok(())
+    }
+
+    fn target<P: Platform>(
         &self,
         platform: &P,
-        vcpus: &'t mut T,
         caller: VcpuId,
         vcpu: u32,
-    ) -> Result<&'t mut VcpuPmu<B::Context>, OpError> {
+    ) -> Result<VcpuId, OpError> {
         let count = platform
             .vcpu_count(caller.domain)
             .ok_or(OpError::InvalidArgument)?;
         if vcpu >= count {
             return Err(OpError::InvalidArgument);
         }
-        vcpus
-            .get_mut(VcpuId {
-                domain: caller.domain,
-                vcpu,
-            })
-            .ok_or(OpError::InvalidArgument)
+        Ok(VcpuId {
+            domain: caller.domain,
+            vcpu,
+        })
     }
 
     fn mode_set<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
-        &mut self,
+        &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpus: &mut T,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
         caller: VcpuId,
         mode: u64,
     ) -> Result<(), OpError> {
         if !is_valid_mode(mode) {
             return Err(OpError::InvalidArgument);
         }
-        if mode == self.mode {
+        let mode = Mode::from_abi(mode).ok_or(OpError::InvalidArgument)?;
+        let old = self.policy();
+        if self.change_in_progress() {
+            // The caller's own change (or someone's) is still being applied.
+            return Err(OpError::Again);
+        }
+        if mode == old.mode {
             return Ok(());
         }
-        let self_hv_swap = (self.mode ^ mode) == (XENPMU_MODE_SELF | XENPMU_MODE_HV);
-        if self.unprivileged_in_use > 0 && !self_hv_swap {
-            platform.diagnostic(Diagnostic::ChangeRefusedBusy { caller });
-            return Err(OpError::Busy);
-        }
-        if !self_hv_swap {
-            // Only privileged contexts can be live here; take them all off the hardware so the
-            // new mode starts from clean PMUs. A hardware fault here is a hypervisor bug, and
-            // the mode is left as it was.
-            self.quiesce(platform, pcpus, vcpus)
-                .map_err(|_| OpError::InvalidContext)?;
-        }
-        self.mode = mode;
-        if mode != XENPMU_MODE_ALL && !self_hv_swap {
-            // Privileged vCPUs that are running pick their saved contexts up again.
-            let privileged = platform.privileged_domain();
-            let mut result = Ok(());
-            vcpus.for_each_in_domain(privileged, &mut |vcpu| {
-                if result.is_ok() {
-                    result = self.load_if_active(pcpus, vcpu);
-                }
-            });
-            result.map_err(|_| OpError::InvalidContext)?;
-        }
-        Ok(())
+        let self_hv_swap = old.mode.switches_contexts() && mode.switches_contexts();
+        let done = self
+            .change_policy(platform, pcpu, vcpus, mode, old.features, !self_hv_swap)
+            .map_err(|why| refused(platform, caller, why))?;
+        completion(done)
     }
 
-    fn feature_set<P: Platform>(
-        &mut self,
+    fn feature_set<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
         platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
         caller: VcpuId,
         features: u64,
     ) -> Result<(), OpError> {
@@ -174,26 +200,28 @@ impl<B: PmuBackend> Vpmu<B> {
         if features & !enforceable_features(self.backend.capabilities().vendor) != 0 {
             return Err(OpError::NotSupported);
         }
-        if features == self.features {
+        let old = self.policy();
+        if self.change_in_progress() {
+            return Err(OpError::Again);
+        }
+        if features == old.features {
             return Ok(());
         }
-        if self.unprivileged_in_use > 0 {
-            platform.diagnostic(Diagnostic::ChangeRefusedBusy { caller });
-            return Err(OpError::Busy);
-        }
-        self.features = features;
-        Ok(())
+        let done = self
+            .change_policy(platform, pcpu, vcpus, old.mode, features, true)
+            .map_err(|why| refused(platform, caller, why))?;
+        completion(done)
     }
 
     fn init<P: Platform, T: VcpuTable<B::Context>>(
-        &mut self,
+        &self,
         platform: &mut P,
-        vcpus: &mut T,
+        vcpus: &T,
         caller: VcpuId,
         params: &Params,
     ) -> Result<(), OpError> {
         let privileged = platform.privileged_domain();
-        let target = self.target(platform, vcpus, caller, params.vcpu)?;
+        let target = self.target(platform, caller, params.vcpu)?;
         // The frame is an argument: an invalid one is refused before any state check (check
         // order, docs/abi.md). Only mapping can tell, so map first and undo it if a state
         // check fails; running out of room is a resource error, reported after them.
@@ -201,19 +229,55 @@ impl<B: PmuBackend> Vpmu<B> {
         if mapped == Err(MapError::InvalidFrame) {
             return Err(OpError::InvalidArgument);
         }
-        let state = if !self.has_vpmu(privileged, target.id) {
-            Err(OpError::NoVpmu)
-        } else if target.page.is_some() {
-            Err(OpError::AlreadyRegistered)
-        } else {
-            Ok(())
-        };
-        if let Err(error) = state {
+        // Serializes inits, so the frame check below and the registration are one step.
+        let _control = self.control.lock();
+        let gfn = params.val;
+        let mut frame_in_use = false;
+        vcpus.for_each_in_domain(caller.domain, &mut |v| {
+            frame_in_use |= v.id != target && v.page.is_some_and(|p| p.gfn == gfn);
+        });
+        let claimed = target.domain != privileged;
+        if claimed {
+            self.claim_use();
+        }
+        let policy = self.policy();
+        let mut result = Err(OpError::InvalidArgument);
+        let found = vcpus.with_vcpu(target, &mut |v| {
+            let was_in_use = v.in_use();
+            result = if !self.has_vpmu(policy, privileged, v.id) {
+                Err(OpError::NoVpmu)
+            } else if v.page.is_some() {
+                Err(OpError::AlreadyRegistered)
+            } else if frame_in_use {
+                Err(OpError::FrameInUse)
+            } else {
+                Ok(())
+            };
+            if result.is_ok() {
+                result = self.register(platform, v, mapped, gfn);
+            } else if let Ok(slot) = mapped {
+                platform.unmap_page(slot);
+            }
+            self.settle_use(privileged, v, was_in_use, claimed);
+        });
+        if !found {
+            if claimed {
+                self.release_use();
+            }
             if let Ok(slot) = mapped {
                 platform.unmap_page(slot);
             }
-            return Err(error);
         }
+        result
+    }
+
+    fn register<P: Platform>(
+        &self,
+        platform: &mut P,
+        vcpu: &mut VcpuPmu<B::Context>,
+        mapped: Result<crate::platform::PageSlot, MapError>,
+        gfn: u64,
+    ) -> Result<(), OpError> {
         let slot = mapped.map_err(|_| OpError::MapFailed)?;
         let layout = self.backend.page_layout();
         if platform
@@ -223,42 +287,43 @@ impl<B: PmuBackend> Vpmu<B> {
             platform.unmap_page(slot);
             return Err(OpError::MapFailed);
         }
-        let was_in_use = target.in_use();
-        target.page = Some(slot);
-        target.page_lvtpc_masked = true;
-        self.track_use(privileged, target, was_in_use);
+        vcpu.page = Some(SharedPage { slot, gfn });
+        vcpu.page_lvtpc_masked = true;
         Ok(())
     }
 
-    /// Ends the cached window: copy the vendor area, verify it as WRMSRs would be, load it.
+    /// Ends the cached window: copy the vendor area, verify it as WRMSRs would be, load it
+    /// (an all-mode sample of another pCPU: hand it over to that pCPU to load).
     fn flush<P: Platform, H: MsrBus>(
-        &mut self,
+        &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
+        pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) -> Result<(), OpError> {
-        let slot = vcpu.page.ok_or(OpError::NoVpmu)?;
-        if vcpu.state != VcpuState::Cached {
+        let page = vcpu.page.ok_or(OpError::NoVpmu)?;
+        let policy = self.policy();
+        self.settle(platform, policy, vcpu);
+        let VcpuState::Cached { from } = vcpu.state else {
             return Err(OpError::InvalidArgument);
+        };
+        if let SampleSource::System { pcpu: p } = from {
+            if p != pcpu.index && vcpu.handover.is_some() {
+                // The previous flush's context is still on its way to its pCPU.
+                return Err(OpError::Again);
+            }
         }
         let (area, lvtpc) = platform
-            .with_page(slot, |page| (copy_vendor_area(page), page.lapic_lvtpc))
+            .with_page(page.slot, |page| (copy_vendor_area(page), page.lapic_lvtpc))
             .ok_or(OpError::NoVpmu)?;
-        let policy = self.policy(platform, vcpu.id.domain);
-        let system_pcpu = if self.mode == XENPMU_MODE_ALL {
-            vcpu.cached_from
-        } else {
-            None
-        };
-        let verified = match system_pcpu {
-            Some(p) => {
-                let saved = pcpus
-                    .get(p as usize)
-                    .and_then(|cpu| cpu.system.as_ref())
-                    .ok_or(OpError::InvalidArgument)?;
-                self.backend.context_from_page(&area, saved, &policy)
-            }
-            None => self.backend.context_from_page(&area, &vcpu.ctx, &policy),
+        let guest = self.guest_policy(policy, platform, vcpu.id.domain);
+        let verified = match from {
+            // The sampled pCPU's context as saved at the sample (kept with the sample: that
+            // pCPU's state is not ours to read).
+            SampleSource::System { .. } => match vcpu.sampled.as_ref() {
+                Some(saved) => self.backend.context_from_page(&area, saved, &guest),
+                None => return Err(OpError::InvalidArgument),
+            },
+            SampleSource::Own { .. } => self.backend.context_from_page(&area, &vcpu.ctx, &guest),
         };
         let context = match verified {
             Ok(context) => context,
@@ -270,30 +335,40 @@ impl<B: PmuBackend> Vpmu<B> {
                 return Err(OpError::InvalidContext);
             }
         };
-        let from = vcpu.cached_from;
-        match system_pcpu {
-            Some(p) => {
-                let cpu = pcpus.get_mut(p as usize).ok_or(OpError::InvalidArgument)?;
+        match from {
+            SampleSource::System { pcpu: p } if p == pcpu.index => {
+                let SystemContext::Cached { profiler, .. } = pcpu.system else {
+                    return Err(OpError::InvalidArgument);
+                };
                 self.backend
-                    .load(&context, &mut cpu.hw)
+                    .load(&context, &mut pcpu.hw)
                     .map_err(|_| OpError::InvalidContext)?;
-                cpu.system = Some(context);
-                cpu.system_cached = false;
+                pcpu.system = SystemContext::Loaded {
+                    ctx: context,
+                    profiler,
+                };
                 vcpu.state = VcpuState::Saved;
+                vcpu.sampled = None;
+                self.unmask_physical_lvtpc(platform, pcpu);
             }
-            None => {
+            SampleSource::System { pcpu: p } => {
+                vcpu.handover = Some((p, context));
+                vcpu.state = VcpuState::Saved;
+                vcpu.sampled = None;
+                platform.send_request(p, CrossCpuRequest::ResumeSystem { profiler: vcpu.id });
+            }
+            SampleSource::Own { pcpu: p } => {
                 vcpu.ctx = context;
                 vcpu.state = VcpuState::Saved;
-                self.load_if_active(pcpus, vcpu)
+                if p == pcpu.index && pcpu.lvtpc_masked_for == Some(vcpu.id) {
+                    self.unmask_physical_lvtpc(platform, pcpu);
+                }
+                self.load_if_active(platform, policy, pcpu, vcpu)
                     .map_err(|_| OpError::InvalidContext)?;
             }
         }
-        vcpu.cached_from = None;
         vcpu.page_lvtpc_masked = guest_lvtpc_masked(lvtpc);
-        platform.with_page(slot, clear_cached);
-        if let Some(p) = from {
-            self.unmask_physical_lvtpc(platform, pcpus, p);
-        }
+        platform.with_page(page.slot, clear_cached);
         Ok(())
     }
 }

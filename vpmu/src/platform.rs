@@ -8,6 +8,7 @@
 use vpmu_abi::{Page, Regs};
 
 use crate::backend::EventFilter;
+use crate::request::CrossCpuRequest;
 
 /// A vCPU: its domain and its index within the domain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -79,6 +80,14 @@ pub enum Diagnostic {
         /// The caller.
         caller: VcpuId,
     },
+    /// A policy change made a context stop counting something it had programmed (an event
+    /// the new filter or features refuse, a host-only qualifier, a DS area without BTS).
+    RestrictedByPolicy {
+        /// The vCPU.
+        vcpu: VcpuId,
+        /// The first register restricted.
+        register: &'static str,
+    },
     /// A PMI's sample was dropped because the receiving page still had one cached.
     SampleDropped {
         /// The receiving vCPU.
@@ -113,11 +122,27 @@ pub trait Platform {
     /// Raises the PMU virtual interrupt (Xen's VIRQ_XENPMU) on `vcpu`: a sample is in its page.
     fn raise_pmu_virq(&mut self, vcpu: VcpuId);
 
-    /// Masks or unmasks the physical LVTPC of `pcpu`.
+    /// Delivers `request` to physical CPU `pcpu` (never the caller's own): an IPI in a ring-0
+    /// hypervisor, a queue drained before that pCPU's next guest entry and a kick in a
+    /// threaded VMM. The target calls `Vpmu::complete_request` with it on that CPU, before it
+    /// next enters a guest. Requests to one pCPU must be completed in the order sent;
+    /// duplicates may be merged (each is idempotent). See docs/core.md.
+    fn send_request(&mut self, pcpu: u32, request: CrossCpuRequest);
+
+    /// Masks or unmasks the physical LVTPC of `pcpu` (always the caller's own pCPU).
     fn set_physical_lvtpc_masked(&mut self, pcpu: u32, masked: bool);
 
     /// What `pcpu` was running when its PMI arrived.
     fn interrupted(&self, pcpu: u32) -> Interrupted;
+
+    /// The registers `vcpu` resumes at, as it is switched in on the caller's pCPU. An overflow
+    /// kept pending across a switch-out is delivered then, and this is where the guest takes
+    /// the interrupt: its sample. The default (`None`, the platform cannot tell) makes such a
+    /// PMI dropped and counted as such (`VcpuStats::pmis_dropped`).
+    fn resume_regs(&self, vcpu: VcpuId) -> Option<Regs> {
+        let _ = vcpu;
+        None
+    }
 
     /// Reports a guest-reachable diagnostic; the platform rate-limits it.
     fn diagnostic(&mut self, diagnostic: Diagnostic);

@@ -10,15 +10,13 @@
 //!   any other domain.
 
 use vpmu_abi::writer::{publish_sample, record_dropped_sample};
-use vpmu_abi::{
-    Identity, Regs, XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF, XENPMU_MODE_ALL, XENPMU_MODE_HV,
-};
+use vpmu_abi::{Identity, Regs, XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF};
 
 use crate::backend::{Overflow, PmuBackend};
-use crate::core::{VcpuTable, Vpmu};
-use crate::msr::{MsrBus, MsrFault};
+use crate::core::{CoreError, Mode, VcpuTable, Vpmu};
+use crate::msr::MsrBus;
 use crate::platform::{Diagnostic, Interrupted, LvtpcDelivery, Platform, VcpuId};
-use crate::state::{PcpuPmu, VcpuPmu, VcpuState};
+use crate::state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState};
 
 /// What became of a PMI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,48 +56,60 @@ struct Sample {
 }
 
 impl<B: PmuBackend> Vpmu<B> {
-    /// The PMU interrupt of `pcpu`.
+    /// The PMU interrupt of `pcpu`, the caller's own pCPU.
     pub fn handle_pmi<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
-        &mut self,
+        &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpus: &mut T,
-        pcpu: u32,
-    ) -> Result<PmiOutcome, MsrFault> {
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+    ) -> Result<PmiOutcome, CoreError> {
         if !self.available {
             return Ok(PmiOutcome::Spurious);
         }
-        if self.mode == XENPMU_MODE_ALL {
-            return self.system_pmi(platform, pcpus, vcpus, pcpu);
+        self.catch_up_with_table(platform, pcpu, vcpus)?;
+        if self.policy().mode == Mode::All {
+            return self.system_pmi(platform, pcpu, vcpus);
         }
-        let Some(current) = pcpus.get(pcpu as usize).and_then(|cpu| cpu.current) else {
+        let Some(current) = pcpu.current else {
             return Ok(PmiOutcome::Spurious);
         };
-        let Some(vcpu) = vcpus.get_mut(current) else {
-            return Ok(PmiOutcome::Spurious);
-        };
-        if vcpu.state != (VcpuState::Loaded { pcpu }) {
-            return Ok(PmiOutcome::Spurious);
-        }
-        let Some(cpu) = pcpus.get_mut(pcpu as usize) else {
-            return Ok(PmiOutcome::Spurious);
-        };
-        let mut bus = cpu.counted();
-        let overflow = self.backend.handle_overflow(&mut vcpu.ctx, &mut bus);
-        vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
-        let overflow = overflow?;
-        if overflow.counters.is_empty() {
-            return Ok(PmiOutcome::Spurious);
-        }
-        if !overflow.interrupt {
-            return Ok(PmiOutcome::NoInterrupt(overflow));
-        }
+        let here = pcpu.index;
+        let mut result = Ok(PmiOutcome::Spurious);
+        vcpus.with_vcpu(current, &mut |vcpu| {
+            if vcpu.state != (VcpuState::Loaded { pcpu: here }) {
+                return;
+            }
+            let mut bus = pcpu.counted();
+            let overflow = self.backend.handle_overflow(&mut vcpu.ctx, &mut bus);
+            vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
+            result = match overflow {
+                Err(fault) => Err(fault.into()),
+                Ok(o) if o.counters.is_empty() => Ok(PmiOutcome::Spurious),
+                Ok(o) if !o.interrupt => Ok(PmiOutcome::NoInterrupt(o)),
+                Ok(o) => {
+                    let interrupted = platform.interrupted(here);
+                    self.route_own(platform, pcpu, vcpu, o, interrupted)
+                }
+            };
+        });
+        result
+    }
+
+    /// Routes an overflow of `vcpu`'s own counters (with its interrupt enabled) while it runs
+    /// on `pcpu`: to its page as a sample, or through its virtual LVTPC.
+    pub(crate) fn route_own<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+        overflow: Overflow,
+        interrupted: Interrupted,
+    ) -> Result<PmiOutcome, CoreError> {
         vcpu.stats.pmis_generated += 1;
         let privileged = platform.privileged_domain();
-        let sample = match platform.interrupted(pcpu) {
-            Interrupted::Hypervisor { regs, .. }
-                if self.mode == XENPMU_MODE_HV && vcpu.id.domain == privileged =>
-            {
+        let hv = self.policy().mode == Mode::Hypervisor;
+        let sample = match interrupted {
+            Interrupted::Hypervisor { regs, .. } if hv && vcpu.id.domain == privileged => {
                 Some(Sample {
                     domain_id: XENPMU_DOMID_HYPERVISOR,
                     vcpu_id: vcpu.id.vcpu,
@@ -131,7 +141,7 @@ impl<B: PmuBackend> Vpmu<B> {
         };
         let to = vcpu.id;
         let delivered = if vcpu.page.is_some() {
-            self.publish(platform, pcpus, vcpu, pcpu, &sample)?
+            self.publish(platform, pcpu, vcpu, &sample)?
         } else {
             match platform.deliver_lvtpc_pmi(to, self.backend.masks_lvtpc_on_pmi()) {
                 LvtpcDelivery::Delivered => true,
@@ -182,35 +192,37 @@ impl<B: PmuBackend> Vpmu<B> {
         }
     }
 
-    /// Page path for a vCPU's own loaded context: save it into the page with the sample.
+    /// Page path for a vCPU's own context: save it into the page with the sample.
     fn publish<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
+        pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
-        pcpu: u32,
         sample: &Sample,
-    ) -> Result<bool, MsrFault> {
-        let Some(slot) = vcpu.page else {
+    ) -> Result<bool, CoreError> {
+        let Some(page) = vcpu.page else {
             return Ok(false);
         };
-        if vcpu.page_lvtpc_masked {
+        if vcpu.page_lvtpc_masked || matches!(vcpu.state, VcpuState::Cached { .. }) {
             return Ok(false);
         }
-        self.save_vcpu(pcpus, vcpu)?;
-        let identity = self.identity(platform, vcpu.id, pcpu, sample);
+        self.save_vcpu(pcpu, vcpu)?;
+        // The sample reports this overflow: it is no longer pending.
+        vcpu.pending_pmi = None;
+        let identity = self.identity(platform, vcpu.id, pcpu.index, sample);
         let backend = &self.backend;
         let ctx = &vcpu.ctx;
-        let written = platform.with_page(slot, |page| {
+        let written = platform.with_page(page.slot, |page| {
             backend.context_to_page(ctx, &mut page.vendor);
             publish_sample(page, &identity, &sample.regs);
         });
         if written.is_none() {
             return Ok(false);
         }
-        vcpu.state = VcpuState::Cached;
-        vcpu.cached_from = Some(pcpu);
-        self.mask_physical_lvtpc(platform, pcpus, pcpu);
+        vcpu.state = VcpuState::Cached {
+            from: SampleSource::Own { pcpu: pcpu.index },
+        };
+        self.mask_physical_lvtpc(platform, pcpu, vcpu.id);
         platform.raise_pmu_virq(vcpu.id);
         Ok(true)
     }
@@ -232,55 +244,53 @@ impl<B: PmuBackend> Vpmu<B> {
         }
     }
 
-    fn mask_physical_lvtpc<P: Platform, H: MsrBus>(
+    /// All mode: the pCPU's system-wide context overflowed; the sample goes to its profiler
+    /// (which may run on another pCPU: only its page and state are touched, never that
+    /// pCPU's hardware).
+    fn system_pmi<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
         &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        pcpu: u32,
-    ) {
-        if let Some(cpu) = pcpus.get_mut(pcpu as usize) {
-            cpu.lvtpc_masked = true;
-        }
-        platform.set_physical_lvtpc_masked(pcpu, true);
-    }
-
-    /// All mode: the pCPU's system-wide context overflowed; the sample goes to its profiler.
-    fn system_pmi<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
-        &mut self,
-        platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpus: &mut T,
-        pcpu: u32,
-    ) -> Result<PmiOutcome, MsrFault> {
-        let Some(cpu) = pcpus.get_mut(pcpu as usize) else {
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+    ) -> Result<PmiOutcome, CoreError> {
+        let SystemContext::Loaded { ctx, profiler } = &mut pcpu.system else {
             return Ok(PmiOutcome::Spurious);
         };
-        let (Some(ctx), false) = (cpu.system.as_mut(), cpu.system_cached) else {
-            return Ok(PmiOutcome::Spurious);
-        };
-        let overflow = self.backend.handle_overflow(ctx, &mut cpu.hw)?;
+        let profiler = *profiler;
+        let overflow = self.backend.handle_overflow(ctx, &mut pcpu.hw)?;
         if overflow.counters.is_empty() {
             return Ok(PmiOutcome::Spurious);
         }
         if !overflow.interrupt {
             return Ok(PmiOutcome::NoInterrupt(overflow));
         }
-        let Some(profiler) = Self::profiler_of(platform, pcpu).and_then(|id| vcpus.get_mut(id))
-        else {
-            return Ok(PmiOutcome::Spurious);
-        };
+        let mut result = Ok(PmiOutcome::Spurious);
+        vcpus.with_vcpu(profiler, &mut |p| {
+            result = self.publish_system(platform, pcpu, p, overflow);
+        });
+        result
+    }
+
+    fn publish_system<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        profiler: &mut VcpuPmu<B::Context>,
+        overflow: Overflow,
+    ) -> Result<PmiOutcome, CoreError> {
         profiler.stats.pmis_generated += 1;
-        let (slot, masked) = (profiler.page, profiler.page_lvtpc_masked);
-        let Some(slot) = slot.filter(|_| !masked) else {
+        let (page, masked) = (profiler.page, profiler.page_lvtpc_masked);
+        let Some(page) = page.filter(|_| !masked) else {
             return Ok(self.account(profiler, false, overflow));
         };
-        if profiler.state == VcpuState::Cached {
-            // Never overwrite an unconsumed sample.
-            platform.with_page(slot, record_dropped_sample);
+        if matches!(profiler.state, VcpuState::Cached { .. }) || profiler.handover.is_some() {
+            // Never overwrite an unconsumed sample (nor one whose flush is still on its way).
+            platform.with_page(page.slot, record_dropped_sample);
             platform.diagnostic(Diagnostic::SampleDropped { vcpu: profiler.id });
             return Ok(self.account(profiler, false, overflow));
         }
-        let sample = match platform.interrupted(pcpu) {
+        let here = pcpu.index;
+        let sample = match platform.interrupted(here) {
             Interrupted::Guest { vcpu, regs } => Sample {
                 domain_id: if vcpu == profiler.id {
                     XENPMU_DOMID_SELF
@@ -296,30 +306,38 @@ impl<B: PmuBackend> Vpmu<B> {
                 regs,
             },
         };
-        let identity = self.identity(platform, profiler.id, pcpu, &sample);
-        let Some(cpu) = pcpus.get_mut(pcpu as usize) else {
+        let identity = self.identity(platform, profiler.id, here, &sample);
+        let SystemContext::Loaded {
+            mut ctx,
+            profiler: owner,
+        } = core::mem::replace(&mut pcpu.system, SystemContext::Absent)
+        else {
             return Ok(PmiOutcome::Spurious);
         };
-        let Some(ctx) = cpu.system.as_mut() else {
-            return Ok(PmiOutcome::Spurious);
-        };
-        self.backend.save(ctx, &mut cpu.hw)?;
-        cpu.system_cached = true;
+        self.backend.save(&mut ctx, &mut pcpu.hw)?;
         let backend = &self.backend;
-        let ctx = &*ctx;
-        let written = platform.with_page(slot, |page| {
-            backend.context_to_page(ctx, &mut page.vendor);
+        let written = platform.with_page(page.slot, |page| {
+            backend.context_to_page(&ctx, &mut page.vendor);
             publish_sample(page, &identity, &sample.regs);
         });
         if written.is_none() {
             // The page vanished under us: restart the counters and count the loss.
-            self.backend.load(ctx, &mut cpu.hw)?;
-            cpu.system_cached = false;
+            self.backend.load(&ctx, &mut pcpu.hw)?;
+            pcpu.system = SystemContext::Loaded {
+                ctx,
+                profiler: owner,
+            };
             return Ok(self.account(profiler, false, overflow));
         }
-        profiler.state = VcpuState::Cached;
-        profiler.cached_from = Some(pcpu);
-        self.mask_physical_lvtpc(platform, pcpus, pcpu);
+        profiler.sampled = Some(ctx.clone());
+        pcpu.system = SystemContext::Cached {
+            ctx,
+            profiler: owner,
+        };
+        profiler.state = VcpuState::Cached {
+            from: SampleSource::System { pcpu: here },
+        };
+        self.mask_physical_lvtpc(platform, pcpu, profiler.id);
         platform.raise_pmu_virq(profiler.id);
         Ok(self.account(profiler, true, overflow))
     }

@@ -1,8 +1,26 @@
 //! Per-vCPU and per-pCPU state objects, embedded by the integrator in its own vCPU and CPU
 //! structures (the core allocates nothing).
 
+use crate::backend::Overflow;
+use crate::core::{Mode, PolicySnapshot};
 use crate::msr::{CountingBus, MsrAccessStats, MsrBus};
 use crate::platform::{PageSlot, VcpuId};
+
+/// Where the sample cached in a vCPU's page came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleSource {
+    /// The vCPU's own counters, which overflowed on `pcpu` (self and hv modes).
+    Own {
+        /// The pCPU the overflow happened on.
+        pcpu: u32,
+    },
+    /// The system-wide counters of `pcpu`, which the vCPU profiles (all mode); they stay
+    /// stopped on that pCPU until the flush.
+    System {
+        /// The sampled pCPU.
+        pcpu: u32,
+    },
+}
 
 /// Where a vCPU's PMU context is. One value, not a set of flags: each variant is a state the
 /// context can be in, and the transitions are the core's functions.
@@ -20,7 +38,10 @@ pub enum VcpuState {
     },
     /// A sample is pending in the vCPU's page: its counters are stopped and the context is
     /// the page's to edit until the vCPU flushes.
-    Cached,
+    Cached {
+        /// Whose counters were sampled.
+        from: SampleSource,
+    },
 }
 
 /// Per-vCPU statistics.
@@ -36,6 +57,9 @@ pub struct VcpuStats {
     /// Of those, queued by the platform for delivery from the vCPU's own context and not yet
     /// reported done: `pmis_generated == pmis_delivered + pmis_dropped + pmis_in_flight`.
     pub pmis_in_flight: u64,
+    /// Overflows with their interrupt enabled that were saved with the context before their
+    /// PMI was handled (and were then delivered when the vCPU next ran).
+    pub pmis_kept_pending: u64,
     /// Intercepted guest RDMSRs of PMU registers.
     pub msr_reads: u64,
     /// Intercepted guest WRMSRs of PMU registers.
@@ -46,8 +70,18 @@ pub struct VcpuStats {
     pub loads: u64,
     /// Times the context was saved from hardware.
     pub saves: u64,
+    /// Times a policy change restricted something this context had programmed.
+    pub restrictions: u64,
     /// Hardware MSR accesses made on this vCPU's behalf.
     pub hw_msr: MsrAccessStats,
+}
+
+/// A registered shared page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SharedPage {
+    pub(crate) slot: PageSlot,
+    /// The guest frame it was registered with (one frame is one vCPU's page at most).
+    pub(crate) gfn: u64,
 }
 
 /// The vPMU part of a vCPU.
@@ -56,12 +90,27 @@ pub struct VcpuPmu<C> {
     pub(crate) id: VcpuId,
     pub(crate) state: VcpuState,
     pub(crate) ctx: C,
-    pub(crate) page: Option<PageSlot>,
+    /// The policy epoch `ctx` was last validated against.
+    pub(crate) validated: u64,
+    pub(crate) page: Option<SharedPage>,
     /// The page path's virtual LVTPC mask, as last applied by lvtpc_set or flush.
     pub(crate) page_lvtpc_masked: bool,
-    /// In all mode, the pCPU whose system-wide context is cached in this vCPU's page.
-    pub(crate) cached_from: Option<u32>,
     pub(crate) running_on: Option<u32>,
+    /// An overflow with its interrupt enabled, saved with the context before its PMI was
+    /// handled: delivered once when the vCPU next runs (KVM keeps KVM_REQ_PMI pending).
+    pub(crate) pending_pmi: Option<Overflow>,
+    /// All mode, privileged vCPU: the system-wide programming its WRMSRs built, which every
+    /// pCPU it profiles loads (its own instance values aside).
+    pub(crate) program: Option<C>,
+    /// All mode: pCPUs holding a system-wide instance of this vCPU's program, counted since
+    /// epoch `.1` (void if all mode was left and entered again since).
+    pub(crate) system_instances: (u32, u64),
+    /// All mode: a flushed sample's verified context waiting to be loaded on the pCPU it
+    /// was sampled on (a `ResumeSystem` request to it is in flight).
+    pub(crate) handover: Option<(u32, C)>,
+    /// All mode: the sampled system-wide context as saved at the sample cached in the page
+    /// (what the flush verifies the page against).
+    pub(crate) sampled: Option<C>,
     pub(crate) stats: VcpuStats,
 }
 
@@ -72,10 +121,15 @@ impl<C> VcpuPmu<C> {
             id,
             state: VcpuState::Allocated,
             ctx,
+            validated: 0,
             page: None,
             page_lvtpc_masked: true,
-            cached_from: None,
             running_on: None,
+            pending_pmi: None,
+            program: None,
+            system_instances: (0, 0),
+            handover: None,
+            sampled: None,
             stats: VcpuStats::default(),
         }
     }
@@ -97,7 +151,7 @@ impl<C> VcpuPmu<C> {
 
     /// The registered page, if any.
     pub fn page(&self) -> Option<PageSlot> {
-        self.page
+        self.page.map(|p| p.slot)
     }
 
     /// The pCPU it is scheduled on, if any.
@@ -110,6 +164,11 @@ impl<C> VcpuPmu<C> {
         &self.ctx
     }
 
+    /// An overflow saved with the context and not yet delivered.
+    pub fn pending_pmi(&self) -> Option<Overflow> {
+        self.pending_pmi
+    }
+
     /// Whether this vCPU counts as an active vPMU for the mode-change rules: it has used the
     /// PMU or registered a page.
     pub fn in_use(&self) -> bool {
@@ -117,28 +176,56 @@ impl<C> VcpuPmu<C> {
     }
 }
 
+/// A pCPU's system-wide context (all mode): the privileged profiler's counters on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SystemContext<C> {
+    /// None programmed.
+    Absent,
+    /// Counting on this pCPU's hardware for `profiler`.
+    Loaded {
+        /// The context (authoritative except for live counter values).
+        ctx: C,
+        /// The privileged vCPU whose program it is.
+        profiler: VcpuId,
+    },
+    /// Stopped: its sample is cached in `profiler`'s page until the flush.
+    Cached {
+        /// The context as saved at the sample.
+        ctx: C,
+        /// The privileged vCPU whose page holds the sample.
+        profiler: VcpuId,
+    },
+}
+
 /// The vPMU part of a physical CPU: its PMU hardware and, in all mode, the system-wide context
-/// the privileged profiler programs on it.
+/// the privileged profiler programs on it. Only code running on this CPU may use it.
 #[derive(Debug)]
 pub struct PcpuPmu<C, H> {
+    pub(crate) index: u32,
     pub(crate) hw: H,
     pub(crate) current: Option<VcpuId>,
-    /// All mode: the system-wide context, always loaded on this pCPU unless `system_cached`.
-    pub(crate) system: Option<C>,
-    pub(crate) system_cached: bool,
-    pub(crate) lvtpc_masked: bool,
+    pub(crate) system: SystemContext<C>,
+    /// The vCPU whose cached sample masked this pCPU's physical LVTPC, if any.
+    pub(crate) lvtpc_masked_for: Option<VcpuId>,
+    /// The policy this pCPU's state was last brought in line with.
+    pub(crate) seen: PolicySnapshot,
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
-    /// A pCPU with PMU hardware `hw` (clean: no counter programmed).
-    pub fn new(hw: H) -> Self {
+    pub(crate) fn new(index: u32, hw: H, seen: PolicySnapshot) -> Self {
         Self {
+            index,
             hw,
             current: None,
-            system: None,
-            system_cached: false,
-            lvtpc_masked: false,
+            system: SystemContext::Absent,
+            lvtpc_masked_for: None,
+            seen,
         }
+    }
+
+    /// This pCPU's index.
+    pub fn index(&self) -> u32 {
+        self.index
     }
 
     /// The hardware.
@@ -158,7 +245,17 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
 
     /// Whether the core has masked this pCPU's physical LVTPC (a sample is cached).
     pub fn lvtpc_masked(&self) -> bool {
-        self.lvtpc_masked
+        self.lvtpc_masked_for.is_some()
+    }
+
+    /// The system-wide context (all mode).
+    pub fn system(&self) -> &SystemContext<C> {
+        &self.system
+    }
+
+    /// The mode this pCPU last caught up with.
+    pub fn mode_seen(&self) -> Mode {
+        self.seen.mode
     }
 
     /// The hardware wrapped so that the accesses made through it can be charged to a vCPU.

@@ -1,4 +1,5 @@
-//! Context switch: the PMU state follows its vCPU with the fewest hardware accesses.
+//! Context switch and the lifecycle helpers every entry point shares: save, load, bringing a
+//! saved context in line with the policy, pending PMIs, teardown.
 //!
 //! Nothing is done for a vCPU that never used the PMU, when a vCPU is switched to itself, or in
 //! all mode (the profiler's counters run system-wide). Otherwise the previous vCPU's context is
@@ -6,170 +7,400 @@
 //! Contexts are never left on a pCPU after their vCPU leaves it: Xen's lazy cross-CPU residency
 //! (removed in 2022, commit defa4e51d2) needed IPIs and raced with migration.
 
-use vpmu_abi::XENPMU_MODE_ALL;
+use crate::backend::{Overflow, PmuBackend};
+use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
+use crate::msr::MsrBus;
+use vpmu_abi::Regs;
 
-use crate::backend::PmuBackend;
-use crate::core::{VcpuTable, Vpmu};
-use crate::msr::{MsrBus, MsrFault};
-use crate::platform::{Platform, VcpuId};
-use crate::state::{PcpuPmu, VcpuState};
+use crate::platform::{Diagnostic, Interrupted, Platform, VcpuId};
+use crate::request::{Completion, CrossCpuRequest};
+use crate::state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState};
 
 impl<B: PmuBackend> Vpmu<B> {
-    /// `pcpu` stops running its current vCPU (if any) and starts running `next` (`None`:
-    /// the idle loop or hypervisor work).
+    /// `pcpu` (the caller's own pCPU) stops running its current vCPU (if any) and starts
+    /// running `next` (`None`: the idle loop or hypervisor work).
     pub fn context_switch<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
-        &mut self,
+        &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpus: &mut T,
-        pcpu: u32,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
         next: Option<VcpuId>,
-    ) -> Result<(), MsrFault> {
-        let Some(cpu) = pcpus.get_mut(pcpu as usize) else {
-            return Ok(());
-        };
-        let prev = cpu.current;
+    ) -> Result<(), CoreError> {
+        self.catch_up_with_table(platform, pcpu, vcpus)?;
+        let prev = pcpu.current;
         if prev == next {
             return Ok(());
         }
-        cpu.current = next;
-        if let Some(prev) = prev.and_then(|id| vcpus.get_mut(id)) {
-            prev.running_on = None;
-            if self.switches_contexts() {
-                self.save_vcpu(pcpus, prev)?;
-            }
-            // A cached sample stops its vCPU's counters, so the physical LVTPC masked for it
-            // need not stay masked for whoever runs here next.
-            if prev.state == VcpuState::Cached && prev.cached_from == Some(pcpu) {
-                self.unmask_physical_lvtpc(platform, pcpus, pcpu);
+        let policy = self.policy();
+        let here = pcpu.index;
+        let mut result = Ok(());
+        if let Some(prev) = prev {
+            vcpus.with_vcpu(prev, &mut |v| {
+                v.running_on = None;
+                if v.state == (VcpuState::Loaded { pcpu: here }) {
+                    result = self.save_vcpu(pcpu, v).map(|_| ());
+                }
+                // A cached sample stops its vCPU's counters, so the physical LVTPC masked for
+                // it need not stay masked for whoever runs here next.
+                if pcpu.lvtpc_masked_for == Some(v.id) {
+                    self.unmask_physical_lvtpc(platform, pcpu);
+                }
+            });
+        }
+        result?;
+        pcpu.current = next;
+        if let Some(next) = next {
+            vcpus.with_vcpu(next, &mut |v| {
+                result = self.switch_in(platform, policy, pcpu, v);
+            });
+        }
+        result
+    }
+
+    fn switch_in<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        if let VcpuState::Loaded { pcpu: other } = vcpu.state {
+            if other != pcpu.index {
+                return Err(CoreError::WrongPcpu {
+                    here: pcpu.index,
+                    loaded_on: other,
+                });
             }
         }
-        if let Some(next) = next.and_then(|id| vcpus.get_mut(id)) {
-            next.running_on = Some(pcpu);
-            self.load_if_active(pcpus, next)?;
-        }
+        vcpu.running_on = Some(pcpu.index);
+        self.settle(platform, policy, vcpu);
+        self.load_if_active(platform, policy, pcpu, vcpu)?;
+        self.deliver_pending(platform, pcpu, vcpu)?;
         Ok(())
     }
 
-    /// Stops `vcpu`'s vPMU for good: saves its context, discards a pending sample, unmaps its
+    /// Saves `vcpu`'s context off `pcpu` if it is loaded there, charging the accesses to it;
+    /// an overflow with its interrupt enabled that the save found is kept pending.
+    pub(crate) fn save_vcpu<H: MsrBus>(
+        &self,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<Overflow, CoreError> {
+        let here = pcpu.index;
+        match vcpu.state {
+            VcpuState::Loaded { pcpu: p } if p == here => {}
+            VcpuState::Loaded { pcpu: p } => {
+                return Err(CoreError::WrongPcpu { here, loaded_on: p });
+            }
+            _ => return Ok(Overflow::default()),
+        }
+        let mut bus = pcpu.counted();
+        let result = self.backend.save(&mut vcpu.ctx, &mut bus);
+        vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
+        let overflow = result?;
+        vcpu.stats.saves += 1;
+        vcpu.state = VcpuState::Saved;
+        if overflow.interrupt && !overflow.counters.is_empty() {
+            let merged = vcpu.pending_pmi.map_or(overflow, |p| Overflow {
+                counters: p.counters.union(overflow.counters),
+                interrupt: true,
+            });
+            vcpu.pending_pmi = Some(merged);
+        }
+        Ok(overflow)
+    }
+
+    /// Loads `vcpu`'s context onto `pcpu`, where it runs, if it is saved, the mode switches
+    /// contexts and it has anything to run.
+    pub(crate) fn load_if_active<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        if vcpu.state != VcpuState::Saved || vcpu.running_on != Some(pcpu.index) {
+            return Ok(());
+        }
+        if !self.available || !policy.mode.switches_contexts() {
+            return Ok(());
+        }
+        self.settle(platform, policy, vcpu);
+        if !self.backend.is_active(&vcpu.ctx) {
+            return Ok(());
+        }
+        // A vCPU that counts again must get its PMIs, whatever a former sample of its masked.
+        if pcpu.lvtpc_masked_for == Some(vcpu.id) {
+            self.unmask_physical_lvtpc(platform, pcpu);
+        }
+        let mut bus = pcpu.counted();
+        let result = self.backend.load(&vcpu.ctx, &mut bus);
+        vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
+        result?;
+        vcpu.stats.loads += 1;
+        vcpu.state = VcpuState::Loaded { pcpu: pcpu.index };
+        Ok(())
+    }
+
+    /// Brings a vCPU that is not on hardware in line with `policy`: a saved context validated
+    /// under an older epoch is restricted to the rules in force; a cached window the mode no
+    /// longer has (a sample of the other kind than the mode makes) is released.
+    pub(crate) fn settle<P: Platform>(
+        &self,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) {
+        if vcpu.validated == policy.epoch {
+            return;
+        }
+        if let VcpuState::Loaded { .. } = vcpu.state {
+            // Restricted by its pCPU's catch-up, which owns the hardware.
+            return;
+        }
+        let stale_window = match vcpu.state {
+            VcpuState::Cached {
+                from: SampleSource::System { .. },
+            } => policy.mode != Mode::All,
+            VcpuState::Cached {
+                from: SampleSource::Own { .. },
+            } => !policy.mode.switches_contexts(),
+            _ => false,
+        };
+        if stale_window {
+            self.release_cached(platform, vcpu);
+        }
+        if policy.mode != Mode::All {
+            vcpu.program = None;
+            vcpu.handover = None;
+        }
+        let guest = self.guest_policy(policy, platform, vcpu.id.domain);
+        if let Some(program) = vcpu.program.as_mut() {
+            let _ = self.backend.restrict(program, &guest);
+        }
+        if let VcpuState::Cached { .. } = vcpu.state {
+            // Inside the cached window the context is what the page was published from: the
+            // flush tells unedited registers from edited ones by it, and gives the unedited
+            // ones the images of the policy then in force. Restricting it now would make an
+            // unedited page look edited (DS_AREA has no separate hardware image).
+            vcpu.validated = policy.epoch;
+            return;
+        }
+        // Policy changes are rare: a copy tells whether any hardware image changed, which a
+        // refusal does not cover (a filtered event is accepted with its enable cleared).
+        let before = vcpu.ctx.clone();
+        let refused = self.backend.restrict(&mut vcpu.ctx, &guest);
+        vcpu.validated = policy.epoch;
+        if refused.is_some() || vcpu.ctx != before {
+            vcpu.stats.restrictions += 1;
+            platform.diagnostic(Diagnostic::RestrictedByPolicy {
+                vcpu: vcpu.id,
+                register: refused.map_or("event filtered", |r| r.register),
+            });
+        }
+    }
+
+    /// A policy change on the pCPU holding `vcpu`'s context: restricts it in place if the new
+    /// policy refuses anything it programmed (save, restrict, load: only then).
+    pub(crate) fn restrict_loaded<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        let guest = self.guest_policy(policy, platform, vcpu.id.domain);
+        // The controls in a loaded context are current (only counter values live on the
+        // hardware), so a copy tells whether anything must change.
+        let mut probe = vcpu.ctx.clone();
+        let refused = self.backend.restrict(&mut probe, &guest);
+        if refused.is_none() && probe == vcpu.ctx {
+            vcpu.validated = policy.epoch;
+            return Ok(());
+        }
+        self.save_vcpu(pcpu, vcpu)?;
+        self.settle(platform, policy, vcpu);
+        self.load_if_active(platform, policy, pcpu, vcpu)
+    }
+
+    /// Delivers an overflow kept pending at a save, now that `vcpu` runs on `pcpu`.
+    pub(crate) fn deliver_pending<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        if vcpu.running_on != Some(pcpu.index) {
+            return Ok(());
+        }
+        let Some(overflow) = vcpu.pending_pmi.take() else {
+            return Ok(());
+        };
+        if !self.policy().mode.switches_contexts() {
+            return Ok(());
+        }
+        vcpu.stats.pmis_kept_pending += 1;
+        // The guest takes the interrupt where it resumes (KVM injects a pending PMI at entry):
+        // that is the sample. A platform that cannot tell has the PMI dropped and counted.
+        let interrupted = match (platform.resume_regs(vcpu.id), vcpu.page) {
+            (Some(regs), _) => Interrupted::Guest {
+                vcpu: vcpu.id,
+                regs,
+            },
+            // Through the virtual LVTPC the guest reads its own registers: none are used.
+            (None, None) => Interrupted::Guest {
+                vcpu: vcpu.id,
+                regs: Regs::default(),
+            },
+            (None, Some(_)) => Interrupted::Hypervisor {
+                regs: Regs::default(),
+                on_behalf_of: None,
+            },
+        };
+        self.route_own(platform, pcpu, vcpu, overflow, interrupted)?;
+        Ok(())
+    }
+
+    /// Stops `id`'s vPMU for good: saves its context, discards a pending sample, unmaps its
     /// page. For vCPUs of a domain being destroyed, without the guest's help, and for finish.
     /// In all mode the privileged profiler's counters are the system-wide contexts of the
     /// pCPUs it profiles: those are stopped and dropped too, as its own context is reset.
-    pub fn teardown_vcpu<P: Platform, H: MsrBus>(
-        &mut self,
+    ///
+    /// Call it on any pCPU. Work that belongs to other pCPUs (the vCPU's context loaded on
+    /// one, system-wide contexts on others) is sent to them, and the teardown is `Pending`
+    /// until it has happened: call it again after they handled their requests (nothing is
+    /// torn down half: the vCPU is left as it was until the call that returns `Done`).
+    pub fn teardown_vcpu<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpu: &mut crate::state::VcpuPmu<B::Context>,
-    ) -> Result<(), MsrFault> {
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+        id: VcpuId,
+    ) -> Result<Completion, CoreError> {
+        self.catch_up_with_table(platform, pcpu, vcpus)?;
+        let policy = self.policy();
+        let here = pcpu.index;
         let privileged = platform.privileged_domain();
-        let was_in_use = vcpu.in_use();
-        self.save_vcpu(pcpus, vcpu)?;
-        if self.mode == XENPMU_MODE_ALL && vcpu.id.domain == privileged {
-            for (index, cpu) in (0u32..).zip(pcpus.iter_mut()) {
-                if Self::profiler_of(platform, index) == Some(vcpu.id) {
-                    self.drop_system_context(platform, cpu, index)?;
+        let mut remote = false;
+        let mut result = Ok(());
+        let found = vcpus.with_vcpu(id, &mut |v| {
+            if let VcpuState::Loaded { pcpu: p } = v.state {
+                if p != here {
+                    platform.send_request(p, CrossCpuRequest::Unload { vcpu: v.id });
+                    remote = true;
+                    return;
                 }
             }
+            if policy.mode == Mode::All && v.id.domain == privileged {
+                if Self::profiler_of(platform, here) == Some(v.id)
+                    && !matches!(pcpu.system, SystemContext::Absent)
+                {
+                    if let Err(e) = self.drop_system_context(platform, pcpu) {
+                        result = Err(e);
+                        return;
+                    }
+                    self.count_instance(v, false);
+                }
+                if self.instances(v) > 0 {
+                    for p in self
+                        .profiled_pcpus(platform, v.id.vcpu)
+                        .filter(|&p| p != here)
+                    {
+                        platform.send_request(p, CrossCpuRequest::DropSystem { profiler: v.id });
+                    }
+                    remote = true;
+                    return;
+                }
+            }
+            result = self.teardown_local(platform, pcpu, v);
+        });
+        result?;
+        if !found {
+            return Ok(Completion::Done);
         }
-        // With its system-wide context dropped, a cached all-mode sample has nothing to
-        // restart: releasing it only unmasks and clears the page.
-        if vcpu.state == VcpuState::Cached {
-            self.release_cached(platform, pcpus, vcpu)?;
+        Ok(if remote {
+            Completion::Pending
+        } else {
+            Completion::Done
+        })
+    }
+
+    fn teardown_local<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        let privileged = platform.privileged_domain();
+        let was_in_use = vcpu.in_use();
+        self.save_vcpu(pcpu, vcpu)?;
+        if matches!(vcpu.state, VcpuState::Cached { .. }) {
+            self.release_cached(platform, vcpu);
         }
-        if let Some(slot) = vcpu.page.take() {
-            platform.unmap_page(slot);
+        if pcpu.lvtpc_masked_for == Some(vcpu.id) {
+            self.unmask_physical_lvtpc(platform, pcpu);
+        }
+        if let Some(page) = vcpu.page.take() {
+            platform.unmap_page(page.slot);
         }
         vcpu.ctx = self.backend.new_context();
         vcpu.state = VcpuState::Allocated;
         vcpu.page_lvtpc_masked = true;
-        vcpu.cached_from = None;
-        self.track_use(privileged, vcpu, was_in_use);
+        vcpu.pending_pmi = None;
+        vcpu.program = None;
+        vcpu.handover = None;
+        vcpu.system_instances = (0, 0);
+        self.settle_use(privileged, vcpu, was_in_use, false);
         Ok(())
     }
 
-    /// Ends a cached window without loading the page's context: in all mode the pCPU's
-    /// system-wide context as it was saved at the sample is put back and restarted.
-    pub(crate) fn release_cached<P: Platform, H: MsrBus>(
+    /// Ends a cached window without loading the page's context (its counters are stopped; an
+    /// all-mode sample's pCPU is told by the flush or the teardown, not here).
+    pub(crate) fn release_cached<P: Platform>(
         &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpu: &mut crate::state::VcpuPmu<B::Context>,
-    ) -> Result<(), MsrFault> {
-        if let Some(from) = vcpu.cached_from.take() {
-            if let Some(cpu) = pcpus.get_mut(from as usize) {
-                if cpu.system_cached {
-                    if let Some(ctx) = cpu.system.as_ref() {
-                        self.backend.load(ctx, &mut cpu.hw)?;
-                    }
-                    cpu.system_cached = false;
-                }
-            }
-            self.unmask_physical_lvtpc(platform, pcpus, from);
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) {
+        if let Some(page) = vcpu.page {
+            platform.with_page(page.slot, vpmu_abi::writer::clear_cached);
         }
-        if let Some(slot) = vcpu.page {
-            platform.with_page(slot, vpmu_abi::writer::clear_cached);
-        }
+        vcpu.sampled = None;
         vcpu.state = VcpuState::Saved;
-        Ok(())
+    }
+
+    pub(crate) fn mask_physical_lvtpc<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        owner: VcpuId,
+    ) {
+        pcpu.lvtpc_masked_for = Some(owner);
+        platform.set_physical_lvtpc_masked(pcpu.index, true);
     }
 
     pub(crate) fn unmask_physical_lvtpc<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        pcpu: u32,
+        pcpu: &mut PcpuPmu<B::Context, H>,
     ) {
-        if let Some(cpu) = pcpus.get_mut(pcpu as usize) {
-            if cpu.lvtpc_masked {
-                cpu.lvtpc_masked = false;
-                platform.set_physical_lvtpc_masked(pcpu, false);
-            }
+        if pcpu.lvtpc_masked_for.take().is_some() {
+            platform.set_physical_lvtpc_masked(pcpu.index, false);
         }
     }
 
-    /// Before a mode change that starts or ends all mode: every privileged context goes off
-    /// the hardware and every pending sample is discarded, so the new mode starts clean.
-    pub(crate) fn quiesce<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
-        &mut self,
-        platform: &mut P,
-        pcpus: &mut [PcpuPmu<B::Context, H>],
-        vcpus: &mut T,
-    ) -> Result<(), MsrFault> {
-        let privileged = platform.privileged_domain();
-        let mut result = Ok(());
-        vcpus.for_each_in_domain(privileged, &mut |vcpu| {
-            if result.is_ok() {
-                result = self.save_vcpu(pcpus, vcpu);
-            }
-            if result.is_ok() && vcpu.state == VcpuState::Cached {
-                result = self.release_cached(platform, pcpus, vcpu);
-            }
-        });
-        result?;
-        for (index, cpu) in (0u32..).zip(pcpus.iter_mut()) {
-            self.drop_system_context(platform, cpu, index)?;
-        }
-        Ok(())
-    }
-
-    /// Stops and discards pCPU `index`'s system-wide context (leaving its hardware clean), and
+    /// Stops and discards `pcpu`'s system-wide context (leaving its hardware clean), and
     /// releases its physical LVTPC if a sample of that context was cached.
-    fn drop_system_context<P: Platform, H: MsrBus>(
+    pub(crate) fn drop_system_context<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
-        cpu: &mut PcpuPmu<B::Context, H>,
-        index: u32,
-    ) -> Result<(), MsrFault> {
-        if let Some(mut ctx) = cpu.system.take() {
-            if !cpu.system_cached {
-                self.backend.save(&mut ctx, &mut cpu.hw)?;
-            }
+        pcpu: &mut PcpuPmu<B::Context, H>,
+    ) -> Result<(), CoreError> {
+        if let SystemContext::Loaded { mut ctx, .. } =
+            core::mem::replace(&mut pcpu.system, SystemContext::Absent)
+        {
+            self.backend.save(&mut ctx, &mut pcpu.hw)?;
         }
-        cpu.system_cached = false;
-        if cpu.lvtpc_masked {
-            cpu.lvtpc_masked = false;
-            platform.set_physical_lvtpc_masked(index, false);
-        }
+        self.unmask_physical_lvtpc(platform, pcpu);
         Ok(())
     }
 }

@@ -438,14 +438,23 @@ impl<V: SimVendor> World<V> {
                 .m
                 .running_on(self.guests[g].id)
                 .filter(|p| profiled.contains(p));
-            return self.read_system(g, here.unwrap_or(profiled[0]));
+            // A profiler reads the live instance of the pCPU it runs on (its RDMSRs reach
+            // that CPU's counters only, as a Xen dom0 vCPU's do): it goes to one it profiles.
+            let p = match here {
+                Some(p) => p,
+                None => {
+                    self.enter(g, Some(profiled[0]));
+                    profiled[0]
+                }
+            };
+            return self.read_system(g, p);
         }
         let truth = self.guests[g].truth.clone();
         self.read_against(g, &truth)
     }
 
-    /// All mode: guest `g` reads the instance of pCPU `p` (it must be running there, or `p` be
-    /// the first pCPU it profiles) and checks it against `p`'s ground truth.
+    /// All mode: guest `g`, running on pCPU `p`, reads `p`'s instance and checks it against
+    /// `p`'s ground truth.
     pub fn read_system(&mut self, g: usize, p: u32) -> Vec<(u32, u64)> {
         let truth = self.pcpu_truth[p as usize].clone();
         self.read_against(g, &truth)

@@ -3,12 +3,13 @@
 //! entry points a hypervisor calls: schedule, guest RDMSR/WRMSR, control operations, and the
 //! retirement of one guest instruction on a pCPU (with the PMI it may raise).
 
+use core::cell::{Ref, RefCell};
 use core::fmt;
 
 use vpmu::abi::ops::{OpError, Params};
 use vpmu::{
-    ExecMode, HwEvent, Interrupted, Msr, MsrAccessStats, MsrOutcome, PcpuPmu, PmiOutcome,
-    PmuBackend, SoftwarePmu, VcpuId, VcpuPmu, VcpuTable, Vpmu,
+    Completion, CrossCpuRequest, ExecMode, HwEvent, Interrupted, Mode, Msr, MsrAccessStats,
+    MsrOutcome, PcpuPmu, PmiOutcome, PmuBackend, SoftwarePmu, VcpuId, VcpuPmu, VcpuTable, Vpmu,
 };
 
 use super::platform::SimPlatform;
@@ -18,35 +19,62 @@ use super::workload::{Instruction, regs};
 /// A vendor's per-vCPU context type.
 pub type Ctx<V> = <<V as SimVendor>::Backend as PmuBackend>::Context;
 
-/// The vCPU table: `domains[d][v]` is vCPU `v` of domain `d`.
+/// The vCPU table: `domains[d][v]` is vCPU `v` of domain `d`, each in its own `RefCell` as an
+/// SMP hypervisor keeps each behind its own lock: a core that visited one vCPU while holding
+/// another would panic here.
 #[derive(Debug)]
 pub struct SimVcpus<C> {
     /// Per domain, its vCPUs.
-    pub domains: Vec<Vec<VcpuPmu<C>>>,
+    pub domains: Vec<Vec<RefCell<VcpuPmu<C>>>>,
 }
 
 impl<C> SimVcpus<C> {
     /// vCPU `id`.
-    pub fn get(&self, id: VcpuId) -> &VcpuPmu<C> {
-        &self.domains[id.domain as usize][id.vcpu as usize]
+    pub fn get(&self, id: VcpuId) -> Ref<'_, VcpuPmu<C>> {
+        self.domains[id.domain as usize][id.vcpu as usize].borrow()
+    }
+
+    /// vCPU `id`, for a direct edit by a test.
+    pub fn get_mut(&mut self, id: VcpuId) -> &mut VcpuPmu<C> {
+        self.domains[id.domain as usize][id.vcpu as usize].get_mut()
     }
 
     /// Every vCPU id.
     pub fn ids(&self) -> Vec<VcpuId> {
-        self.domains.iter().flatten().map(|v| v.id()).collect()
+        self.domains
+            .iter()
+            .flatten()
+            .map(|v| v.borrow().id())
+            .collect()
     }
 }
 
 impl<C> VcpuTable<C> for SimVcpus<C> {
-    fn get_mut(&mut self, id: VcpuId) -> Option<&mut VcpuPmu<C>> {
-        self.domains
-            .get_mut(id.domain as usize)?
-            .get_mut(id.vcpu as usize)
+    fn with_vcpu(&self, id: VcpuId, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) -> bool {
+        let Some(cell) = self
+            .domains
+            .get(id.domain as usize)
+            .and_then(|d| d.get(id.vcpu as usize))
+        else {
+            return false;
+        };
+        visit(
+            &mut cell
+                .try_borrow_mut()
+                .expect("the core never nests vCPU visits"),
+        );
+        true
     }
 
-    fn for_each_in_domain(&mut self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
-        if let Some(vcpus) = self.domains.get_mut(domain as usize) {
-            vcpus.iter_mut().for_each(visit);
+    fn for_each_in_domain(&self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
+        if let Some(vcpus) = self.domains.get(domain as usize) {
+            for cell in vcpus {
+                visit(
+                    &mut cell
+                        .try_borrow_mut()
+                        .expect("the core never nests vCPU visits"),
+                );
+            }
         }
     }
 }
@@ -85,6 +113,9 @@ pub struct Machine<V: SimVendor> {
     pub retired: u64,
     /// Per pCPU: the last guest state it ran, for PMIs that interrupt the hypervisor.
     pub last_guest: Vec<Option<(VcpuId, vpmu::abi::Regs)>>,
+    /// Whether requests stay queued until a test completes them (`complete_requests`), to
+    /// look at the window before a target pCPU acts.
+    pub hold_requests: bool,
 }
 
 impl<V: SimVendor> fmt::Debug for Machine<V> {
@@ -104,7 +135,11 @@ impl<V: SimVendor> Machine<V> {
     pub fn new(vendor: V, pcpus: u32, vcpu_counts: &[u32], mode: u64) -> Self {
         Self::with_vpmu(
             vendor.clone(),
-            Vpmu::new(vendor.backend(), mode),
+            Vpmu::new(
+                vendor.backend(),
+                Mode::from_abi(mode).expect("a valid mode"),
+                pcpus,
+            ),
             pcpus,
             vcpu_counts,
         )
@@ -113,12 +148,15 @@ impl<V: SimVendor> Machine<V> {
     /// As [`Machine::new`], with a given core (e.g. `Vpmu::unavailable`).
     pub fn with_vpmu(vendor: V, vpmu: Vpmu<V::Backend>, pcpus: u32, vcpu_counts: &[u32]) -> Self {
         let pcpu_pmus = (0..pcpus)
-            .map(|_| vpmu.attach_pcpu(vendor.model()).expect("clean model"))
+            .map(|index| {
+                vpmu.attach_pcpu(index, vendor.model())
+                    .expect("clean model")
+            })
             .collect();
         let domains = (0..vcpu_counts.len() as u32)
             .map(|domain| {
                 (0..vcpu_counts[domain as usize])
-                    .map(|vcpu| vpmu.new_vcpu(VcpuId { domain, vcpu }))
+                    .map(|vcpu| RefCell::new(vpmu.new_vcpu(VcpuId { domain, vcpu })))
                     .collect()
             })
             .collect();
@@ -131,11 +169,12 @@ impl<V: SimVendor> Machine<V> {
             pmis: Vec::new(),
             retired: 0,
             last_guest: vec![None; pcpus as usize],
+            hold_requests: false,
         }
     }
 
     /// vCPU `id`'s core state.
-    pub fn vcpu(&self, id: VcpuId) -> &VcpuPmu<Ctx<V>> {
+    pub fn vcpu(&self, id: VcpuId) -> Ref<'_, VcpuPmu<Ctx<V>>> {
         self.vcpus.get(id)
     }
 
@@ -163,53 +202,153 @@ impl<V: SimVendor> Machine<V> {
         self.switch(pcpu, next);
     }
 
-    /// One `context_switch` call.
+    /// One `context_switch` call on `pcpu`.
     pub fn switch(&mut self, pcpu: u32, next: Option<VcpuId>) {
+        self.complete_requests(pcpu);
+        self.platform.calling_pcpu = Some(pcpu);
         self.vpmu
             .context_switch(
                 &mut self.platform,
-                &mut self.pcpus,
-                &mut self.vcpus,
-                pcpu,
+                &mut self.pcpus[pcpu as usize],
+                &self.vcpus,
                 next,
             )
             .expect("the backend never makes the model fault");
+        self.platform.calling_pcpu = None;
+        self.deliver_requests();
     }
 
-    /// A guest RDMSR by `vcpu`.
+    /// The pCPU a call on behalf of `vcpu` is made on: where it runs, else pCPU 0 (a vCPU
+    /// that runs nowhere has nothing loaded anywhere).
+    pub fn pcpu_of(&self, vcpu: VcpuId) -> u32 {
+        self.running_on(vcpu).unwrap_or(0)
+    }
+
+    /// `pcpu` completes the requests other pCPUs sent it, in order (a threaded VMM drains
+    /// its queue before the next guest entry; a ring-0 hypervisor takes the IPI).
+    pub fn complete_requests(&mut self, pcpu: u32) {
+        while let Some(request) = self.platform.requests[pcpu as usize].pop_front() {
+            self.complete_request(pcpu, request);
+        }
+    }
+
+    /// `pcpu` completes one request.
+    pub fn complete_request(&mut self, pcpu: u32, request: CrossCpuRequest) {
+        self.platform.calling_pcpu = Some(pcpu);
+        self.vpmu
+            .complete_request(
+                &mut self.platform,
+                &mut self.pcpus[pcpu as usize],
+                &self.vcpus,
+                request,
+            )
+            .expect("the backend never makes the model fault");
+        self.platform.calling_pcpu = None;
+    }
+
+    /// Every pCPU takes the requests sent to it (the IPI reaches the target before it retires
+    /// another instruction), until no request is outstanding. Tests that look at the window
+    /// between a request and its completion set `hold_requests`.
+    pub fn deliver_requests(&mut self) {
+        if self.hold_requests {
+            return;
+        }
+        while let Some(pcpu) =
+            (0..self.pcpus.len() as u32).find(|&p| !self.platform.requests[p as usize].is_empty())
+        {
+            self.complete_requests(pcpu);
+        }
+    }
+
+    /// A guest RDMSR by `vcpu` (on the pCPU it runs on).
     pub fn rdmsr(&mut self, vcpu: VcpuId, msr: u32) -> MsrOutcome<u64> {
-        let target = self.vcpus.get_mut(vcpu).expect("vcpu");
-        self.vpmu
-            .rdmsr(&mut self.platform, &mut self.pcpus, target, Msr(msr))
-            .expect("the backend never makes the model fault")
+        let pcpu = self.pcpu_of(vcpu);
+        self.complete_requests(pcpu);
+        self.platform.calling_pcpu = Some(pcpu);
+        let cell = &self.vcpus.domains[vcpu.domain as usize][vcpu.vcpu as usize];
+        let outcome = self
+            .vpmu
+            .rdmsr(
+                &mut self.platform,
+                &mut self.pcpus[pcpu as usize],
+                &mut cell.borrow_mut(),
+                Msr(msr),
+            )
+            .expect("the backend never makes the model fault");
+        self.platform.calling_pcpu = None;
+        self.deliver_requests();
+        outcome
     }
 
-    /// A guest WRMSR by `vcpu`.
+    /// A guest WRMSR by `vcpu` (on the pCPU it runs on).
     pub fn wrmsr(&mut self, vcpu: VcpuId, msr: u32, value: u64) -> MsrOutcome<()> {
-        let target = self.vcpus.get_mut(vcpu).expect("vcpu");
-        self.vpmu
-            .wrmsr(&mut self.platform, &mut self.pcpus, target, Msr(msr), value)
-            .expect("the backend never makes the model fault")
+        let pcpu = self.pcpu_of(vcpu);
+        self.complete_requests(pcpu);
+        self.platform.calling_pcpu = Some(pcpu);
+        let cell = &self.vcpus.domains[vcpu.domain as usize][vcpu.vcpu as usize];
+        let outcome = self
+            .vpmu
+            .wrmsr(
+                &mut self.platform,
+                &mut self.pcpus[pcpu as usize],
+                &mut cell.borrow_mut(),
+                Msr(msr),
+                value,
+            )
+            .expect("the backend never makes the model fault");
+        self.platform.calling_pcpu = None;
+        self.deliver_requests();
+        outcome
     }
 
-    /// A control operation by `caller`.
+    /// A control operation by `caller`, restarted while it answers `-EAGAIN` after the other
+    /// pCPUs took their requests (as a hypervisor restarts the hypercall). With
+    /// `hold_requests` set, the first answer is returned as it is.
     pub fn op(&mut self, caller: VcpuId, op: u32, params: &Params) -> Result<Params, OpError> {
-        self.vpmu.control_op(
+        for _ in 0..=self.pcpus.len() * 4 + 4 {
+            let result = self.op_once(caller, op, params);
+            if result != Err(OpError::Again) || self.hold_requests {
+                return result;
+            }
+        }
+        panic!("{caller:?}: operation {op} still -EAGAIN after every pCPU took its requests");
+    }
+
+    /// One control operation call by `caller`, on the pCPU it runs on.
+    pub fn op_once(&mut self, caller: VcpuId, op: u32, params: &Params) -> Result<Params, OpError> {
+        let pcpu = self.pcpu_of(caller);
+        self.complete_requests(pcpu);
+        self.platform.calling_pcpu = Some(pcpu);
+        let result = self.vpmu.control_op(
             &mut self.platform,
-            &mut self.pcpus,
-            &mut self.vcpus,
+            &mut self.pcpus[pcpu as usize],
+            &self.vcpus,
             caller,
             op,
             params,
-        )
+        );
+        self.platform.calling_pcpu = None;
+        self.deliver_requests();
+        result
     }
 
-    /// Destroys vCPU `id`'s vPMU (domain destruction).
+    /// Destroys vCPU `id`'s vPMU (domain destruction), on pCPU 0, waiting for the pCPUs it
+    /// needs.
     pub fn teardown(&mut self, id: VcpuId) {
-        let target = self.vcpus.get_mut(id).expect("vcpu");
-        self.vpmu
-            .teardown_vcpu(&mut self.platform, &mut self.pcpus, target)
-            .expect("the backend never makes the model fault");
+        for _ in 0..=self.pcpus.len() * 4 + 4 {
+            self.complete_requests(0);
+            self.platform.calling_pcpu = Some(0);
+            let done = self
+                .vpmu
+                .teardown_vcpu(&mut self.platform, &mut self.pcpus[0], &self.vcpus, id)
+                .expect("the backend never makes the model fault");
+            self.platform.calling_pcpu = None;
+            self.deliver_requests();
+            if done == Completion::Done {
+                return;
+            }
+        }
+        panic!("{id:?}: teardown still pending after every pCPU took its requests");
     }
 
     /// `pcpu`, running `vcpu`, retires `insn`: the platform records the interrupted state, the
@@ -221,6 +360,7 @@ impl<V: SimVendor> Machine<V> {
             .expect("only a pCPU running a vCPU retires guest instructions");
         let state = regs(running, insn, self.retired);
         self.last_guest[pcpu as usize] = Some((running, state));
+        self.platform.resume_regs.insert(running, state);
         self.platform.interrupted[pcpu as usize] = Interrupted::Guest {
             vcpu: running,
             regs: state,
@@ -266,6 +406,7 @@ impl<V: SimVendor> Machine<V> {
             cpl: insn.cpl,
             host: hypervisor,
         };
+        self.complete_requests(pcpu);
         let hw = self.pcpus[pcpu as usize].hw_mut();
         hw.count(HwEvent::Instructions, 1, mode);
         if insn.branch {
@@ -277,12 +418,19 @@ impl<V: SimVendor> Machine<V> {
         let outcome = if self.platform.physical_masked[pcpu as usize] {
             None
         } else {
-            Some(
-                self.vpmu
-                    .handle_pmi(&mut self.platform, &mut self.pcpus, &mut self.vcpus, pcpu)
-                    .expect("the backend never makes the model fault"),
-            )
+            self.platform.calling_pcpu = Some(pcpu);
+            let outcome = self
+                .vpmu
+                .handle_pmi(
+                    &mut self.platform,
+                    &mut self.pcpus[pcpu as usize],
+                    &self.vcpus,
+                )
+                .expect("the backend never makes the model fault");
+            self.platform.calling_pcpu = None;
+            Some(outcome)
         };
+        self.deliver_requests();
         let record = PmiRecord {
             pcpu,
             running,
@@ -298,7 +446,7 @@ impl<V: SimVendor> Machine<V> {
     /// with the PMI records routed to it.
     pub fn assert_conservation(&self) {
         for id in self.vcpus.ids() {
-            let stats = self.vcpu(id).stats();
+            let stats = *self.vcpu(id).stats();
             assert_eq!(
                 stats.pmis_generated,
                 stats.pmis_delivered + stats.pmis_dropped + stats.pmis_in_flight,
@@ -312,11 +460,21 @@ impl<V: SimVendor> Machine<V> {
                     _ => {}
                 }
             }
-            assert_eq!(
-                (stats.pmis_delivered, stats.pmis_dropped),
-                (delivered, dropped),
-                "{id:?}: statistics agree with the PMIs routed to it"
-            );
+            if stats.pmis_kept_pending == 0 {
+                assert_eq!(
+                    (stats.pmis_delivered, stats.pmis_dropped),
+                    (delivered, dropped),
+                    "{id:?}: statistics agree with the PMIs routed to it"
+                );
+            } else {
+                // Overflows kept pending across a switch-out are routed at the switch-in,
+                // not by a PMI record: each one once, delivered or dropped.
+                assert_eq!(
+                    stats.pmis_delivered + stats.pmis_dropped,
+                    delivered + dropped + stats.pmis_kept_pending,
+                    "{id:?}: statistics agree with the PMIs routed to it and those kept pending"
+                );
+            }
         }
     }
 }

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use vpmu::abi::{Page, Regs, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_HYPERVISOR};
 use vpmu::{
-    AllowAll, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform,
-    RawEvent, VcpuId,
+    AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError,
+    PageSlot, Platform, RawEvent, VcpuId,
 };
 
 /// Guest frames each domain owns.
@@ -77,6 +77,15 @@ pub struct SimPlatform {
     pub queue_lvtpc: bool,
     /// Queued LVTPC deliveries: the vCPU and whether to mask on delivery.
     pub queued_lvtpc: VecDeque<(VcpuId, bool)>,
+    /// Per pCPU, the cross-CPU requests sent to it and not yet completed, in order.
+    pub requests: Vec<VecDeque<CrossCpuRequest>>,
+    /// Requests sent in all.
+    pub requests_sent: u64,
+    /// The pCPU the machine is calling the core on (a request to it would be the core
+    /// asking a pCPU to interrupt itself: a bug the platform refuses loudly).
+    pub calling_pcpu: Option<u32>,
+    /// Per vCPU, the registers of the last guest instruction it retired: where it resumes.
+    pub resume_regs: BTreeMap<VcpuId, Regs>,
 }
 
 impl SimPlatform {
@@ -118,6 +127,10 @@ impl SimPlatform {
             diagnostics_total: 0,
             queue_lvtpc: false,
             queued_lvtpc: VecDeque::new(),
+            requests: vec![VecDeque::new(); pcpus as usize],
+            requests_sent: 0,
+            calling_pcpu: None,
+            resume_regs: BTreeMap::new(),
         }
     }
 
@@ -214,7 +227,28 @@ impl Platform for SimPlatform {
         self.virqs.push_back(vcpu);
     }
 
+    fn resume_regs(&self, vcpu: VcpuId) -> Option<Regs> {
+        self.resume_regs.get(&vcpu).copied()
+    }
+
+    fn send_request(&mut self, pcpu: u32, request: CrossCpuRequest) {
+        assert_ne!(
+            Some(pcpu),
+            self.calling_pcpu,
+            "the core sent {request:?} to its own pCPU"
+        );
+        self.requests_sent += 1;
+        let queue = &mut self.requests[pcpu as usize];
+        // Requests are idempotent: a duplicate of the newest one is merged.
+        if queue.back() != Some(&request) {
+            queue.push_back(request);
+        }
+    }
+
     fn set_physical_lvtpc_masked(&mut self, pcpu: u32, masked: bool) {
+        if let Some(calling) = self.calling_pcpu {
+            assert_eq!(calling, pcpu, "the core masked another pCPU's LVTPC");
+        }
         if let Some(slot) = self.physical_masked.get_mut(pcpu as usize) {
             *slot = masked;
         }

@@ -29,7 +29,7 @@ impl Snapshot {
     /// The state of `m` now.
     pub fn take<V: SimVendor>(m: &Machine<V>) -> Self {
         Self {
-            mode: m.vpmu.mode(),
+            mode: m.vpmu.mode().to_abi(),
             features: m.vpmu.features(),
             unprivileged_in_use: m.vpmu.unprivileged_in_use(),
             vcpus: m
@@ -37,7 +37,7 @@ impl Snapshot {
                 .domains
                 .iter()
                 .flatten()
-                .map(|v| format!("{v:?}"))
+                .map(|v| format!("{:?}", v.borrow()))
                 .collect(),
             pcpus: m.pcpus.iter().map(|p| format!("{p:?}")).collect(),
             platform: m.platform.observable(),

@@ -486,7 +486,7 @@ impl<V: SimVendor> World<V> {
         }
         self.m.assert_conservation();
         for guest in &self.guests {
-            let stats = self.m.vcpu(guest.id).stats();
+            let stats = *self.m.vcpu(guest.id).stats();
             assert_eq!(
                 (stats.pmis_delivered, stats.pmis_dropped),
                 (guest.stats.delivered, guest.stats.dropped),

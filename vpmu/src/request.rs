@@ -1,0 +1,394 @@
+//! Cross-CPU work as explicit requests, and policy changes that every pCPU applies itself.
+//!
+//! Code on pCPU *a* never touches pCPU *b*'s hardware. What must happen on *b* is handed to
+//! the platform as a [`CrossCpuRequest`] (`Platform::send_request`), which delivers it to *b*
+//! (an IPI in a ring-0 hypervisor; a per-pCPU queue drained before the next guest entry and a
+//! kick in a threaded VMM), where the integrator calls [`Vpmu::complete_request`]. Requests are
+//! idempotent: delivering one twice, or one that is no longer needed, does nothing.
+//!
+//! A policy change (mode, features, a domain's event filter) commits a new epoch at once and
+//! asks every other pCPU to catch up with it (`CatchUp`). Every entry point also catches its
+//! pCPU up before doing anything else, so a pCPU never acts under a policy it has not applied;
+//! the request only makes it happen before that pCPU's next guest entry. The change is complete
+//! when every online pCPU has caught up; until then the operation that made it returns
+//! `-EAGAIN` and a second change is refused with `-EAGAIN`.
+
+use core::sync::atomic::Ordering;
+
+use crate::backend::MsrOutcome;
+use crate::backend::PmuBackend;
+use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
+use crate::msr::{Msr, MsrBus};
+use crate::platform::{Platform, VcpuId};
+use crate::state::{PcpuPmu, SystemContext, VcpuPmu, VcpuState};
+
+/// Work the core needs done on another physical CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CrossCpuRequest {
+    /// Bring this pCPU in line with the newest policy epoch (save or restrict what is loaded
+    /// here, drop a system-wide context when all mode ends).
+    CatchUp,
+    /// Save `vcpu`'s context off this pCPU if it is loaded here (finish of a sibling that runs
+    /// here).
+    Unload {
+        /// The vCPU.
+        vcpu: VcpuId,
+    },
+    /// All mode: `profiler` wrote `value` to `msr` on another pCPU it profiles; the same write
+    /// (already validated against its program) reaches this pCPU's instance, whose other
+    /// registers keep their values. An absent instance is made from the program.
+    SystemWrite {
+        /// The privileged vCPU that profiles this pCPU.
+        profiler: VcpuId,
+        /// The register written.
+        msr: Msr,
+        /// The value written.
+        value: u64,
+    },
+    /// All mode: `profiler` flushed the sample of this pCPU's system-wide context; load the
+    /// verified context it handed over and restart the counters.
+    ResumeSystem {
+        /// The privileged vCPU.
+        profiler: VcpuId,
+    },
+    /// All mode: stop and drop this pCPU's system-wide context of `profiler` (its finish).
+    DropSystem {
+        /// The privileged vCPU.
+        profiler: VcpuId,
+    },
+}
+
+/// Whether an operation that needed other pCPUs has completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Everything has happened.
+    Done,
+    /// Requests are in flight; the operation completes when they have been handled (call it
+    /// again to find out, or watch `Vpmu::change_in_progress`).
+    Pending,
+}
+
+impl<B: PmuBackend> Vpmu<B> {
+    /// Runs a request on the pCPU it was sent to: `pcpu` must be that pCPU's state, and the
+    /// call must happen on that CPU.
+    pub fn complete_request<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+        request: CrossCpuRequest,
+    ) -> Result<(), CoreError> {
+        self.catch_up_with_table(platform, pcpu, vcpus)?;
+        let here = pcpu.index;
+        let mut result = Ok(());
+        match request {
+            CrossCpuRequest::CatchUp => {}
+            CrossCpuRequest::Unload { vcpu } => {
+                vcpus.with_vcpu(vcpu, &mut |v| {
+                    if v.state == (VcpuState::Loaded { pcpu: here }) {
+                        result = self.save_vcpu(pcpu, v).map(|_| ());
+                        if result.is_ok() && v.running_on == Some(here) {
+                            // It keeps running here: an overflow the save found is its now.
+                            result = self.deliver_pending(platform, pcpu, v).map(|_| ());
+                        }
+                    }
+                });
+            }
+            CrossCpuRequest::SystemWrite {
+                profiler,
+                msr,
+                value,
+            } => {
+                if self.policy().mode != Mode::All
+                    || Self::profiler_of(platform, here) != Some(profiler)
+                {
+                    return Ok(());
+                }
+                vcpus.with_vcpu(profiler, &mut |p| {
+                    result = self.write_system_instance(platform, pcpu, p, msr, value);
+                });
+            }
+            CrossCpuRequest::ResumeSystem { profiler } => {
+                vcpus.with_vcpu(profiler, &mut |p| {
+                    result = self.resume_system(platform, pcpu, p);
+                });
+            }
+            CrossCpuRequest::DropSystem { profiler } => {
+                let owned = match &pcpu.system {
+                    SystemContext::Loaded {
+                        profiler: owner, ..
+                    }
+                    | SystemContext::Cached {
+                        profiler: owner, ..
+                    } => *owner == profiler,
+                    SystemContext::Absent => false,
+                };
+                if owned {
+                    self.drop_system_context(platform, pcpu)?;
+                    vcpus.with_vcpu(profiler, &mut |p| self.count_instance(p, false));
+                }
+            }
+        }
+        result
+    }
+
+    /// Brings `pcpu` in line with the newest policy, with `current` the vCPU running there
+    /// (if the caller has it at hand; else the table is used).
+    pub(crate) fn catch_up_with_table<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+    ) -> Result<(), CoreError> {
+        if pcpu.seen.epoch == self.policy().epoch {
+            return Ok(());
+        }
+        let mut result = Ok(());
+        let found = match pcpu.current {
+            Some(id) => vcpus.with_vcpu(id, &mut |v| {
+                result = self.catch_up(platform, pcpu, Some(v));
+            }),
+            None => false,
+        };
+        if !found {
+            result = self.catch_up(platform, pcpu, None);
+        }
+        result
+    }
+
+    /// See `catch_up_with_table`; `current` must be the vCPU running on `pcpu`, if any.
+    pub(crate) fn catch_up<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        mut current: Option<&mut VcpuPmu<B::Context>>,
+    ) -> Result<(), CoreError> {
+        let now = self.policy();
+        if pcpu.seen.epoch == now.epoch {
+            return Ok(());
+        }
+        let before = pcpu.seen;
+        let crosses_all = (before.mode == Mode::All) != (now.mode == Mode::All);
+        let here = pcpu.index;
+        if let Some(vcpu) = current.as_deref_mut() {
+            if vcpu.state == (VcpuState::Loaded { pcpu: here }) {
+                if crosses_all || !now.mode.switches_contexts() {
+                    // The new mode starts from clean PMUs (only privileged contexts can be
+                    // live across a change that needs no vPMU in use).
+                    self.save_vcpu(pcpu, vcpu)?;
+                } else {
+                    self.restrict_loaded(platform, now, pcpu, vcpu)?;
+                }
+            }
+        }
+        if crosses_all {
+            self.drop_system_context(platform, pcpu)?;
+        }
+        pcpu.seen = now;
+        if self.lagging.load(Ordering::SeqCst) > 0 {
+            self.lagging.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Some(vcpu) = current {
+            // A privileged vCPU running here picks its saved context up again.
+            self.settle(platform, now, vcpu);
+            self.load_if_active(platform, now, pcpu, vcpu)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a policy change from the caller's pCPU, or reports how the one it started is
+    /// going. `exclusive`: the change needs no unprivileged vPMU in use.
+    pub(crate) fn change_policy<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+        mode: Mode,
+        features: u64,
+        exclusive: bool,
+    ) -> Result<Completion, ChangeRefused> {
+        let committed = {
+            let _control = self.control.lock();
+            if self.change_in_progress() {
+                // One change at a time: a caller retrying the change it started learns
+                // whether it has completed; anyone else waits too.
+                return Err(ChangeRefused::InProgress);
+            }
+            let old = self.policy();
+            if old.mode == mode && old.features == features {
+                return Ok(Completion::Done);
+            }
+            self.commit_policy(mode, features, exclusive)
+                .ok_or(ChangeRefused::InUse)?
+        };
+        self.announce(platform, pcpu, vcpus, committed)
+            .map_err(ChangeRefused::Fault)
+    }
+
+    /// The integrator changed `domain`'s event filter (`Platform::event_filter`): counters
+    /// already programmed with an event the new filter denies stop counting, on every pCPU,
+    /// before its next guest entry (KVM reprograms at the next entry too). Call it on a pCPU
+    /// after the platform answers with the new filter. `Pending` until every pCPU caught up;
+    /// `Err(InProgress)` while another change is being applied (try again).
+    pub fn event_filter_changed<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+    ) -> Result<Completion, ChangeRefused> {
+        let committed = {
+            let _control = self.control.lock();
+            if self.change_in_progress() {
+                return Err(ChangeRefused::InProgress);
+            }
+            let old = self.policy();
+            self.commit_policy(old.mode, old.features, false)
+                .ok_or(ChangeRefused::InUse)?
+        };
+        self.announce(platform, pcpu, vcpus, committed)
+            .map_err(ChangeRefused::Fault)
+    }
+
+    fn announce<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+        committed: PolicySnapshot,
+    ) -> Result<Completion, CoreError> {
+        self.catch_up_with_table(platform, pcpu, vcpus)?;
+        for other in (0..self.pcpu_count).filter(|&p| p != pcpu.index) {
+            platform.send_request(other, CrossCpuRequest::CatchUp);
+        }
+        // Only privileged vCPUs can hold a context or a cached window across a change that
+        // needs none in use; those not on hardware are brought in line now (no hardware is
+        // involved), so that a window the new mode does not have ends with the change.
+        let privileged = platform.privileged_domain();
+        vcpus.for_each_in_domain(privileged, &mut |v| self.settle(platform, committed, v));
+        Ok(if self.change_in_progress() {
+            Completion::Pending
+        } else {
+            Completion::Done
+        })
+    }
+
+    /// All mode: `profiler`'s write of `value` to `msr`, which its program accepted, reaches
+    /// this pCPU's instance: the live one through the hardware, a cached one in memory (the
+    /// flush then verifies the page against it), an absent one is made from the program
+    /// (which holds this write already).
+    pub(crate) fn write_system_instance<P: Platform, H: MsrBus>(
+        &self,
+        platform: &P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        profiler: &mut VcpuPmu<B::Context>,
+        msr: Msr,
+        value: u64,
+    ) -> Result<(), CoreError> {
+        let guest = self.guest_policy(self.policy(), platform, profiler.id.domain);
+        let outcome = match &mut pcpu.system {
+            SystemContext::Loaded { ctx, .. } => {
+                self.backend
+                    .guest_write(ctx, Some(&mut pcpu.hw), &guest, msr, value)?
+            }
+            SystemContext::Cached { ctx, .. } => {
+                self.backend
+                    .guest_write(ctx, None::<&mut H>, &guest, msr, value)?
+            }
+            SystemContext::Absent => return self.reload_system(pcpu, profiler),
+        };
+        if outcome != MsrOutcome::Handled(()) {
+            // The policy changed since the program accepted it (the catch-up before this
+            // request restricted the program too): the instance follows the program.
+            return self.reload_system(pcpu, profiler);
+        }
+        Ok(())
+    }
+
+    /// All mode: this pCPU's system-wide context becomes `profiler`'s program.
+    pub(crate) fn reload_system<H: MsrBus>(
+        &self,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        profiler: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        let Some(program) = profiler.program.clone() else {
+            return Ok(());
+        };
+        match core::mem::replace(&mut pcpu.system, SystemContext::Absent) {
+            SystemContext::Absent => {
+                self.backend.load(&program, &mut pcpu.hw)?;
+                self.count_instance(profiler, true);
+            }
+            SystemContext::Loaded { mut ctx, .. } => {
+                self.backend.save(&mut ctx, &mut pcpu.hw)?;
+                self.backend.load(&program, &mut pcpu.hw)?;
+            }
+            cached @ SystemContext::Cached { .. } => {
+                // Its sample is the profiler's to flush; the flush brings the page's context.
+                pcpu.system = cached;
+                return Ok(());
+            }
+        }
+        pcpu.system = SystemContext::Loaded {
+            ctx: program,
+            profiler: profiler.id,
+        };
+        Ok(())
+    }
+
+    fn resume_system<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        profiler: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        let here = pcpu.index;
+        let Some((_, ctx)) = profiler.handover.take_if(|(p, _)| *p == here) else {
+            return Ok(());
+        };
+        if !matches!(pcpu.system, SystemContext::Cached { .. }) {
+            return Ok(());
+        }
+        self.backend.load(&ctx, &mut pcpu.hw)?;
+        pcpu.system = SystemContext::Loaded {
+            ctx,
+            profiler: profiler.id,
+        };
+        self.unmask_physical_lvtpc(platform, pcpu);
+        Ok(())
+    }
+
+    /// Counts a system-wide instance of `profiler`'s program made (`true`) or dropped.
+    pub(crate) fn count_instance(&self, profiler: &mut VcpuPmu<B::Context>, made: bool) {
+        let since = self.all_since.load(Ordering::Acquire);
+        if profiler.system_instances.1 < since {
+            profiler.system_instances = (0, since);
+        }
+        let count = &mut profiler.system_instances.0;
+        *count = if made {
+            *count + 1
+        } else {
+            count.saturating_sub(1)
+        };
+    }
+
+    /// System-wide instances of `profiler`'s program in this all-mode period.
+    pub(crate) fn instances(&self, profiler: &VcpuPmu<B::Context>) -> u32 {
+        if profiler.system_instances.1 < self.all_since.load(Ordering::Acquire) {
+            0
+        } else {
+            profiler.system_instances.0
+        }
+    }
+}
+
+/// Why a policy change was not started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeRefused {
+    /// Another change is still being applied (`-EAGAIN`).
+    InProgress,
+    /// Unprivileged vPMUs are in use (`-EBUSY`).
+    InUse,
+    /// A hardware access faulted while the caller's pCPU caught up (a hypervisor bug; the
+    /// change itself is committed).
+    Fault(CoreError),
+}
