@@ -7,3 +7,20 @@
 pub mod c_build;
 pub mod pattern_page;
 pub mod sim;
+
+/// The case count of a property suite: `PROPTEST_CASES` when set (as proptest's own default
+/// configuration reads it, so one variable scales every suite of the workspace), else the
+/// suite's own `default`, chosen to keep the debug-build test run within CI's time.
+///
+/// # Panics
+/// If `PROPTEST_CASES` is set but not a positive integer: a silent fallback would run a
+/// different number of cases than asked for.
+pub fn proptest_cases(default: u32) -> u32 {
+    match std::env::var("PROPTEST_CASES") {
+        Ok(text) => match text.trim().parse::<u32>() {
+            Ok(cases) if cases > 0 => cases,
+            _ => panic!("PROPTEST_CASES={text:?}: expected a positive integer"),
+        },
+        Err(_) => default,
+    }
+}

@@ -24,7 +24,7 @@ use vpmu_tests::sim::{
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 48,
+        cases: vpmu_tests::proptest_cases(48),
         ..ProptestConfig::default()
     }
 }

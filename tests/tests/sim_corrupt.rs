@@ -235,7 +235,7 @@ fn check_geometry<V: SimVendor>(vendor: V, mode: u64, words: [u64; 2]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: vpmu_tests::proptest_cases(96), ..ProptestConfig::default() })]
 
     #[test]
     fn intel_v5_corrupted_page_is_refused_and_nothing_loaded(c in corruption(), all in any::<bool>()) {

@@ -15,7 +15,7 @@ use vpmu_tests::sim::{
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 64,
+        cases: vpmu_tests::proptest_cases(64),
         ..ProptestConfig::default()
     }
 }

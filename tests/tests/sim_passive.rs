@@ -260,7 +260,7 @@ fn check_shared<V: SimVendor>(vendor: V, base: &Scenario, hot: u32, period: u64)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: vpmu_tests::proptest_cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn intel_v5_pinned_passive_profile_equals_self_profile((s, c) in pinned_strategy()) {
@@ -284,7 +284,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: vpmu_tests::proptest_cases(24), ..ProptestConfig::default() })]
 
     #[test]
     fn intel_v5_shared_passive_profile_ranks_like_self_profile((s, hot) in shared_strategy(), period in 8..25u64) {

@@ -226,7 +226,7 @@ fn hygiene(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(384))]
+    #![proptest_config(ProptestConfig::with_cases(cases(384)))]
 
     #[test]
     fn guest_writes_never_put_forbidden_bits_on_the_hardware(
@@ -326,4 +326,9 @@ proptest! {
         prop_assert_eq!(&vcpu.ctx, &saved, "save(load(ctx)) == ctx without counting");
         prop_assert_eq!(view(&mut vcpu), before);
     }
+}
+
+/// `PROPTEST_CASES` when set (one variable scales every property suite), else this suite's own.
+fn cases(own: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").map_or(own, |v| v.parse().expect("PROPTEST_CASES: a count"))
 }

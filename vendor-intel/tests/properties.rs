@@ -262,7 +262,7 @@ fn noisy_neighbour(m: &mut Machine, noise: u64) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(192))]
+    #![proptest_config(ProptestConfig::with_cases(cases(192)))]
 
     #[test]
     fn guest_writes_never_put_forbidden_bits_in_hardware(
@@ -451,4 +451,9 @@ proptest! {
             m.assert_clean();
         }
     }
+}
+
+/// `PROPTEST_CASES` when set (one variable scales every property suite), else this suite's own.
+fn cases(own: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").map_or(own, |v| v.parse().expect("PROPTEST_CASES: a count"))
 }
