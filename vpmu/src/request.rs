@@ -185,9 +185,11 @@ impl<B: PmuBackend> Vpmu<B> {
             self.drop_system_context(platform, pcpu)?;
         }
         pcpu.seen = now;
-        if self.lagging.load(Ordering::SeqCst) > 0 {
-            self.lagging.fetch_sub(1, Ordering::SeqCst);
-        }
+        // One decrement per online pCPU per epoch; saturating so that a check-then-decrement
+        // race between two pCPUs could never wrap the count into "forever in progress".
+        let _ = self
+            .lagging
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         if let Some(vcpu) = current {
             // A privileged vCPU running here picks its saved context up again.
             self.settle(platform, now, vcpu);
