@@ -3,10 +3,12 @@
 //! The cloud-hypervisor pattern: a no-op-ish `SIGRTMIN` handler sets `kvm_run.immediate_exit`
 //! through a thread-local pointer, so a kick that lands while the thread is in user space
 //! still makes the next `KVM_RUN` return `EINTR` at once; a kicker thread per vCPU sleeps until
-//! the deadline the vCPU thread last armed and then signals it.
+//! the deadline the vCPU thread last armed and then signals it. Other threads kick a vCPU thread
+//! through its [`KickTarget`] (a cross-CPU request for the pCPU that thread is).
 
 use std::cell::Cell;
 use std::sync::Once;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -91,6 +93,58 @@ impl Kick {
         if let Some(tx) = &self.tx {
             let _ = tx.send(deadline);
         }
+    }
+}
+
+/// Where other threads kick a thread out of `KVM_RUN`: the thread registered there now, if any.
+/// Lock-free, so that a request sent from a hot path takes no lock: a kick announces itself in
+/// `kicking` before it reads the thread, and `unregister` clears the thread before it waits for
+/// the kicks in progress, so (all accesses sequentially consistent) no kick can signal a thread
+/// that has unregistered and gone on to exit.
+#[derive(Debug, Default)]
+pub struct KickTarget {
+    /// The registered thread's `pthread_t`, 0 for none (a `pthread_t` is never 0 on Linux: it
+    /// is the address of the thread's descriptor).
+    thread: AtomicU64,
+    /// Kicks between their read of `thread` and their `pthread_kill`.
+    kicking: AtomicU32,
+}
+
+impl KickTarget {
+    /// Makes the calling thread the one kicked here. `_kick` proves that the thread has a
+    /// live [`Kick`], so the signal handler is installed (SIGRTMIN's default action would end
+    /// the process); the thread must call `unregister` before that `Kick` is dropped.
+    pub fn register(&self, _kick: &Kick) {
+        // SAFETY: pthread_self has no preconditions.
+        let me = unsafe { libc::pthread_self() };
+        self.thread.store(me as u64, Ordering::SeqCst);
+    }
+
+    /// Stops kicking the calling thread here (nothing if another thread registered since),
+    /// and waits for kicks in progress, after which none can reach it.
+    pub fn unregister(&self) {
+        // SAFETY: pthread_self has no preconditions.
+        let me = unsafe { libc::pthread_self() } as u64;
+        let _ = self
+            .thread
+            .compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+        while self.kicking.load(Ordering::SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Kicks the registered thread, if any: its `KVM_RUN` returns (or its next one returns at
+    /// once) with `EINTR`.
+    pub fn kick(&self) {
+        self.kicking.fetch_add(1, Ordering::SeqCst);
+        let thread = self.thread.load(Ordering::SeqCst);
+        if thread != 0 {
+            // SAFETY: a registered thread is alive until it has unregistered, and it waits in
+            // `unregister` for this kick (counted in `kicking` before `thread` was read); its
+            // SIGRTMIN handler is installed (`register`).
+            unsafe { libc::pthread_kill(thread as libc::pthread_t, SIGRTMIN()) };
+        }
+        self.kicking.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

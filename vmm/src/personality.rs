@@ -38,7 +38,7 @@ impl Source {
 /// A vendor personality.
 pub trait Personality {
     /// The core's backend.
-    type Backend: PmuBackend<Context: Send> + Send;
+    type Backend: PmuBackend<Context: Send> + Send + Sync;
     /// The software PMU model of a pCPU.
     type Model: SoftwarePmu + Send + Clone;
     /// The event source.

@@ -301,7 +301,9 @@ fn bench_one<P: Personality + Copy + Sync>(
     };
     let (tv, tn, tl) = (med(&mut vpmu), med(&mut null), med(&mut looped));
     let [(nv, sv), (nn, sn)] = r.msr_exit_ns;
-    Ok(format!(
+    let locks = r.msr_exit_locks;
+    let per_exit = |n: u64| n as f64 / nv.max(1) as f64;
+    let mut line = format!(
         "{}: guest-measured RDMSR loop iteration (median of batches): vpmu {:.2} us, null {:.2} us, \
          same loop without RDMSR {:.2} us (TSC {:.0} MHz); VMM handler time: vpmu {:.0} ns/exit \
          ({} exits), null {:.0} ns/exit ({} exits); VMM user-space time per exit {:.0} ns\n",
@@ -315,5 +317,14 @@ fn bench_one<P: Personality + Copy + Sync>(
         sn as f64 / nn.max(1) as f64,
         nn,
         r.user_time.1 as f64 / r.user_time.0.max(1) as f64
-    ))
+    );
+    line += &format!(
+        "{}: locks per vpmu MSR exit (from the exit to the next entry): shared {:.2}, \
+         per-vCPU {:.2} ({} exits)\n",
+        p.name(),
+        per_exit(locks.shared),
+        per_exit(locks.vcpu),
+        nv
+    );
+    Ok(line)
 }

@@ -233,15 +233,25 @@ impl<B: PmuBackend> Vpmu<B> {
 
     /// Takes physical CPU `pcpu` out of service (CPU offline, or the end of a VMM run): it
     /// must run no vCPU; catches it up with a change in progress, drops its system-wide
-    /// context, and returns the hardware. Later changes do not wait for it.
-    pub fn detach_pcpu<P: Platform, H: MsrBus>(
+    /// context (its profiler no longer counts it as an instance, so the profiler's finish does
+    /// not wait for this pCPU), and returns the hardware. Later changes do not wait for it.
+    pub fn detach_pcpu<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
         &self,
         platform: &mut P,
         mut pcpu: PcpuPmu<B::Context, H>,
+        vcpus: &T,
     ) -> Result<H, CoreError> {
         let _control = self.control.lock();
         self.catch_up(platform, &mut pcpu, None)?;
+        let owner = match &pcpu.system {
+            crate::state::SystemContext::Loaded { profiler, .. }
+            | crate::state::SystemContext::Cached { profiler, .. } => Some(*profiler),
+            crate::state::SystemContext::Absent => None,
+        };
         self.drop_system_context(platform, &mut pcpu)?;
+        if let Some(profiler) = owner {
+            vcpus.with_vcpu(profiler, &mut |p| self.count_instance(p, false));
+        }
         self.online.fetch_sub(1, Ordering::AcqRel);
         Ok(pcpu.hw)
     }

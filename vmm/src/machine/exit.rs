@@ -2,17 +2,20 @@
 //! control-operation hypercall through the vpmu core.
 
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuExit;
-use vpmu::abi::ops::Params;
+use vpmu::abi::ops::{OpError, Params};
 use vpmu::{Msr, MsrOutcome};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::RunResult;
-use super::platform::KvmPlatform;
 use super::runner::Runner;
 use crate::personality::Personality;
+
+/// Between two attempts of a control operation the core answered `-EAGAIN`: long enough for
+/// the other pCPU threads to run (two cores here), short against a kick's latency.
+const AGAIN_BACKOFF: Duration = Duration::from_micros(20);
 
 /// An exit, copied out of `kvm_run` so that the vCPU is free again; replies go through the
 /// raw pointers into the `kvm_run` page (valid while the vCPU fd lives).
@@ -103,12 +106,14 @@ impl<P: Personality> Runner<'_, P> {
             return Some(0);
         }
         let me = self.me;
-        let outcome = with_core!(self, |platform, core| {
-            let vcpu = core.vcpus.vcpu_mut(me)?;
-            core.vpmu
-                .rdmsr(&mut platform, &mut core.pcpus, vcpu, Msr(index))
-                .ok()
-        });
+        let mut p = self.parts();
+        // The vCPU at hand: its own lock, which no other pCPU holds for long.
+        let mut vcpu = p.shared.vcpus.lock(me)?;
+        let outcome = p
+            .shared
+            .vpmu
+            .rdmsr(&mut p.platform, p.pmu, &mut vcpu, Msr(index))
+            .ok();
         match outcome {
             Some(MsrOutcome::Handled(v)) => Some(v),
             // #GP: refused, absent, or another vendor's PMU MSR (NotPmu).
@@ -121,20 +126,24 @@ impl<P: Personality> Runner<'_, P> {
             return true;
         }
         let me = self.me;
-        let outcome = with_core!(self, |platform, core| {
-            let Some(vcpu) = core.vcpus.vcpu_mut(me) else {
-                return false;
-            };
-            core.vpmu
-                .wrmsr(&mut platform, &mut core.pcpus, vcpu, Msr(index), value)
-        });
+        let mut p = self.parts();
+        let Some(mut vcpu) = p.shared.vcpus.lock(me) else {
+            return false;
+        };
+        let outcome = p
+            .shared
+            .vpmu
+            .wrmsr(&mut p.platform, p.pmu, &mut vcpu, Msr(index), value);
         matches!(outcome, Ok(MsrOutcome::Handled(())))
     }
 
     /// The control-operation hypercall: EDI = op, RSI (ESI in compatibility mode) = GPA of
-    /// the parameter block. Returns
-    /// 0 or `-errno` (as the 32-bit EAX value).
-    pub(super) fn hypercall(&mut self) -> u32 {
+    /// the parameter block. Returns 0 or `-errno` (as the 32-bit EAX value). An operation
+    /// that waits for other pCPUs (`-EAGAIN`) is restarted here, as a hypervisor restarts the
+    /// hypercall, after this pCPU completed its own requests (another pCPU's operation may
+    /// wait for them) and holding no lock, until it completes or `deadline` passes (the guest
+    /// then sees the `-EAGAIN`).
+    pub(super) fn hypercall(&mut self, deadline: Instant) -> io::Result<u32> {
         let op = self.sync.regs.rdi as u32;
         // From compatibility mode (CS.L = 0) the address is ESI: the upper half of RSI is
         // whatever 64-bit code left there.
@@ -150,18 +159,22 @@ impl<P: Personality> Runner<'_, P> {
             .slice_mut(gpa, size)
             .and_then(|b| Params::read_from_bytes(b).ok())
         else {
-            return (-i64::from(vpmu::abi::ops::XENPMU_EINVAL)) as u32;
+            return Ok((-i64::from(vpmu::abi::ops::XENPMU_EINVAL)) as u32);
         };
         let me = self.me;
-        let result = with_core!(self, |platform, core| core.vpmu.control_op(
-            &mut platform,
-            &mut core.pcpus,
-            &mut core.vcpus,
-            me,
-            op,
-            &params
-        ));
-        match result {
+        let result = loop {
+            self.complete_requests()?;
+            let mut p = self.parts();
+            let result =
+                p.shared
+                    .vpmu
+                    .control_op(&mut p.platform, p.pmu, &p.shared.vcpus, me, op, &params);
+            if result != Err(OpError::Again) || Instant::now() >= deadline {
+                break result;
+            }
+            std::thread::sleep(AGAIN_BACKOFF);
+        };
+        Ok(match result {
             Ok(out) => {
                 if let Some(b) = self.vm.mem.slice_mut(gpa, size) {
                     b.copy_from_slice(out.as_bytes());
@@ -170,7 +183,7 @@ impl<P: Personality> Runner<'_, P> {
             }
             Err(e) => {
                 // The one error with an OUT field: -ENOBUFS tells the size needed.
-                if let vpmu::abi::ops::OpError::BufferTooSmall { needed } = e {
+                if let OpError::BufferTooSmall { needed } = e {
                     let mut out = vpmu::abi::ops::CoverageParams::from(params);
                     out.size = needed;
                     if let Some(b) = self.vm.mem.slice_mut(gpa, size) {
@@ -179,6 +192,6 @@ impl<P: Personality> Runner<'_, P> {
                 }
                 e.return_value() as u32
             }
-        }
+        })
     }
 }

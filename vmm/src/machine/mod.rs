@@ -1,13 +1,17 @@
 //! One guest run: one VM per domain (`Layout`): either one domain with one or more vCPUs,
 //! each on its own host thread, which is also its pCPU with its own software PMU model; or
-//! several one-vCPU domains time-sliced on one thread = one pCPU. The vpmu core (`Vpmu`, the
-//! pCPU states and the vCPU table of all domains, behind one mutex) drives the models through
-//! `vpmu::Platform`.
+//! several one-vCPU domains time-sliced on one thread = one pCPU. The vpmu core drives the
+//! models through `vpmu::Platform`, with no global lock: the `Vpmu` is shared by `&self`, each
+//! pCPU thread owns its `PcpuPmu` (with its physical LVTPC mask, its request queue and its PMI
+//! record: `Pcpu`), and each vCPU's state sits behind its own mutex (`Table`). Work the core
+//! needs done on another pCPU arrives in that pCPU's queue and is completed by its thread before
+//! its next entry (`Platform::send_request` kicks it out of `KVM_RUN`).
 //!
 //! Exits:
 //! * RDMSR/WRMSR of a filtered PMU MSR → `Vpmu::rdmsr`/`wrmsr` (`GeneralProtection` or an MSR
 //!   of the other vendor → #GP through `exit.error`);
-//! * port I/O: console, exit status, the control-operation hypercall, benchmark control;
+//! * port I/O: console, exit status, the control-operation hypercall (restarted inside the VMM
+//!   while the core answers `-EAGAIN`), benchmark control;
 //! * `Debug` (single-step): one retired instruction, decoded with iced-x86, fed to the model.
 //!
 //! Precise mode: while the pCPU's model has a counter enabled the vCPU is single-stepped, and
@@ -20,56 +24,36 @@
 //! Timed mode: the vCPU runs free; the time each `KVM_RUN` lasted, in TSC ticks (the guest TSC
 //! is the host's here), is fed as core and reference cycles in the mode of the CPL at the exit
 //! (an approximation: a run may span CPLs). Before each entry the model computes after how
-//! many cycles a PMI would be raised (`SoftwarePmu::cycles_until_pmi`, arithmetic), and the
-//! VMM arms a kick for that time. The
+//! many cycles a PMI would be raised (`SoftwarePmu::cycles_until_pmi`, arithmetic, on the
+//! thread's own model), and the VMM arms a kick for that time. The
 //! interrupted context of a PMI (`Platform::interrupted`) is the sync-regs state at the exit
 //! that raised it, so at a kick that landed in CPL3 code it is that code's RIP and CPL 3; every
 //! delivered PMI's context is kept (`RunResult::pmi_contexts`, guest port 0x15 for the last).
 //!
-//! Modules: `platform` (the `vpmu::Platform` impl), `runner` (the vCPU thread's run loop and
-//! migrations), `sched` (several domains' vCPUs on one thread and pCPU), `exit` (copying exits
-//! out of `kvm_run`, MSR and hypercall handling), `precise` and `timed` (the two event
-//! sources).
+//! Modules: `platform` (the `vpmu::Platform` impl and the state the pCPU threads share),
+//! `runner` (the vCPU thread's run loop and migrations), `sched` (several domains' vCPUs on one
+//! thread and pCPU), `exit` (copying exits out of `kvm_run`, MSR and hypercall handling),
+//! `precise` and `timed` (the two event sources).
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::io;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kvm_bindings::{CpuId, kvm_sync_regs};
 use kvm_ioctls::Kvm;
-use vpmu::abi::XENPMU_MODE_SELF;
-use vpmu::{PcpuPmu, PmuBackend, VcpuId, VcpuPmu, VcpuTable, Vpmu};
+use vpmu::{CrossCpuRequest, Mode, PcpuPmu, PmuBackend, VcpuId, VcpuPmu, VcpuTable, Vpmu};
 
 use crate::kvm::{GuestMem, STACK_TOP, Vcpu, Vm};
 use crate::personality::Personality;
 
 use exit::MsrHandler;
-use platform::{PlatformState, QueuedPmi};
+use platform::{Host, PlatformState};
 pub use platform::{PmiContext, VmmActivity};
 use runner::{Rendezvous, Runner};
-
-/// Runs `f` on the core and a platform view for `runner`'s vCPU.
-macro_rules! with_core {
-    ($runner:expr, |$platform:ident, $core:ident| $body:expr) => {{
-        let mut guard = $runner.core.lock().expect("vpmu core lock");
-        let $core = &mut *guard;
-        let mut $platform = KvmPlatform {
-            vm: $runner.vm,
-            vms: $runner.vms,
-            vcpu: &$runner.vcpu.fd,
-            me: $runner.me,
-            counts: $runner.counts,
-            pages: $runner.pages,
-            physical_masked: &mut $core.physical_masked,
-            queued: &mut $core.queued_lvtpc,
-            wake: &mut $core.wake,
-            state: &mut $runner.state,
-        };
-        $body
-    }};
-}
 
 mod exit;
 mod platform;
@@ -108,12 +92,14 @@ pub struct RunResult {
     pub msr_exit_ns: [(u64, u64); 2],
     /// Exits and the total user-space time (ns) between `KVM_RUN`s.
     pub user_time: (u64, u64),
-    /// Kicks (timed mode).
+    /// Kicks out of `KVM_RUN` (timed overflows, slice ends, the watchdog, other pCPUs'
+    /// requests).
     pub kicks: u64,
     /// The interrupted context of each PMI delivered through the LVTPC (the first 65536).
     pub pmi_contexts: Vec<PmiContext>,
     /// The VMM's own record of every PMI the core handled on this vCPU's pCPU, in order: what
-    /// ran there and was interrupted, and the outcome (shared layout: in the first result).
+    /// ran there and was interrupted, and the outcome (shared layouts: every pCPU's record, pCPU
+    /// by pCPU, in the first result; a vCPU's PMIs all come from its one pCPU).
     pub pmi_log: Vec<PmiRecord>,
     /// The core's statistics of this vCPU at the end of the run.
     pub stats: Option<vpmu::VcpuStats>,
@@ -128,6 +114,9 @@ pub struct RunResult {
     pub guest_ns: u128,
     /// Guest memory copied after the run (`Machine::peek_after_run`): (GPA, bytes).
     pub peeked: Vec<(u64, Vec<u8>)>,
+    /// Locks taken over the MSR exits answered by the vpmu, each from the exit to the next
+    /// entry or to the end of the vCPU's slice (`msr_exit_ns[0].0` exits).
+    pub msr_exit_locks: LockCount,
 }
 
 /// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the
@@ -149,48 +138,164 @@ pub struct PmiRecord {
     pub dropped: bool,
 }
 
-/// The vCPU table of every domain, in creation order (a handful of vCPUs: searched).
-struct Table<C>(Vec<VcpuPmu<C>>);
+/// Lock acquisitions by the calling thread (`locks_taken`): the goal of the SMP design is no
+/// shared lock on a guest's MSR exit (`RunResult::msr_exit_locks`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LockCount {
+    /// Locks other than a vCPU's own: the VMM's shared structures (a queued LVTPC delivery,
+    /// the pCPU handover at a migration, the rendezvous).
+    pub shared: u64,
+    /// Per-vCPU locks (`VcpuTable::with_vcpu`, the vCPU at hand of an intercept).
+    pub vcpu: u64,
+}
 
-impl<C> Table<C> {
-    fn vcpu(&self, id: VcpuId) -> Option<&VcpuPmu<C>> {
-        self.0.iter().find(|v| v.id() == id)
+impl std::ops::Add for LockCount {
+    type Output = LockCount;
+
+    fn add(self, other: LockCount) -> LockCount {
+        LockCount {
+            shared: self.shared + other.shared,
+            vcpu: self.vcpu + other.vcpu,
+        }
+    }
+}
+
+impl std::ops::Sub for LockCount {
+    type Output = LockCount;
+
+    fn sub(self, other: LockCount) -> LockCount {
+        LockCount {
+            shared: self.shared - other.shared,
+            vcpu: self.vcpu - other.vcpu,
+        }
+    }
+}
+
+thread_local! {
+    static LOCKS: Cell<LockCount> = const { Cell::new(LockCount { shared: 0, vcpu: 0 }) };
+}
+
+/// The calling thread's lock acquisitions so far.
+fn locks_taken() -> LockCount {
+    LOCKS.with(Cell::get)
+}
+
+/// Locks one vCPU's state (counted as a per-vCPU lock).
+fn lock_vcpu<T>(lock: &Mutex<T>) -> MutexGuard<'_, T> {
+    LOCKS.with(|l| {
+        let mut n = l.get();
+        n.vcpu += 1;
+        l.set(n);
+    });
+    lock.lock().expect("a vCPU lock (its holder panicked)")
+}
+
+/// Locks a structure several pCPU threads share (counted as a shared lock).
+fn lock_shared<T>(lock: &Mutex<T>) -> MutexGuard<'_, T> {
+    count_shared_lock();
+    lock.lock()
+        .expect("a shared VMM lock (its holder panicked)")
+}
+
+fn count_shared_lock() {
+    LOCKS.with(|l| {
+        let mut n = l.get();
+        n.shared += 1;
+        l.set(n);
+    });
+}
+
+/// Where each vCPU's state is in the per-vCPU arrays: vCPUs in creation order, domain by
+/// domain, so vCPU `v` of domain `d` is at `first[d] + v`.
+#[derive(Clone, Debug)]
+struct VcpuIndex {
+    first: Vec<usize>,
+    counts: Vec<u32>,
+}
+
+impl VcpuIndex {
+    fn new(counts: &[u32]) -> Self {
+        let first = counts
+            .iter()
+            .scan(0usize, |next, &n| {
+                let at = *next;
+                *next += n as usize;
+                Some(at)
+            })
+            .collect();
+        Self {
+            first,
+            counts: counts.to_vec(),
+        }
     }
 
-    fn vcpu_mut(&mut self, id: VcpuId) -> Option<&mut VcpuPmu<C>> {
-        self.0.iter_mut().find(|v| v.id() == id)
+    fn of(&self, id: VcpuId) -> Option<usize> {
+        let count = *self.counts.get(id.domain as usize)?;
+        (id.vcpu < count).then(|| self.first[id.domain as usize] + id.vcpu as usize)
+    }
+}
+
+/// The vCPU table of every domain, each vCPU's state behind its own mutex: the core visits one
+/// at a time (it never nests visits), so any pCPU thread can reach any vCPU without a lock
+/// that serializes the others.
+struct Table<C> {
+    vcpus: Vec<Mutex<VcpuPmu<C>>>,
+    index: VcpuIndex,
+}
+
+impl<C> Table<C> {
+    fn lock(&self, id: VcpuId) -> Option<MutexGuard<'_, VcpuPmu<C>>> {
+        let slot = self.vcpus.get(self.index.of(id)?)?;
+        Some(lock_vcpu(slot))
     }
 }
 
 impl<C> VcpuTable<C> for Table<C> {
-    fn get_mut(&mut self, id: VcpuId) -> Option<&mut VcpuPmu<C>> {
-        self.vcpu_mut(id)
+    fn with_vcpu(&self, id: VcpuId, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) -> bool {
+        match self.lock(id) {
+            Some(mut vcpu) => {
+                visit(&mut vcpu);
+                true
+            }
+            None => false,
+        }
     }
 
-    fn for_each_in_domain(&mut self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
-        for v in self.0.iter_mut().filter(|v| v.id().domain == domain) {
-            visit(v);
+    fn for_each_in_domain(&self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
+        let Some(&count) = self.index.counts.get(domain as usize) else {
+            return;
+        };
+        for vcpu in 0..count {
+            if let Some(mut v) = self.lock(VcpuId { domain, vcpu }) {
+                visit(&mut v);
+            }
         }
     }
 }
 
 type Ctx<P> = <<P as Personality>::Backend as PmuBackend>::Context;
 
-/// Everything the vpmu core works on, shared by the vCPU threads.
-struct Core<P: Personality> {
+/// What every pCPU thread of a run shares, by `&`: the core, the vCPU table, the platform's
+/// shared state, and the slots through which pCPUs change threads at a migration.
+struct Shared<P: Personality> {
     vpmu: Vpmu<P::Backend>,
-    pcpus: Vec<PcpuPmu<Ctx<P>, P::Model>>,
     vcpus: Table<Ctx<P>>,
-    /// The physical LVTPC mask of each pCPU.
-    physical_masked: Vec<bool>,
-    /// The VMM's record of every PMI handled (the first `MAX_PMI_LOG`).
+    host: Host,
+    /// A migration parks each pCPU here until the thread that becomes it takes it.
+    parking: Vec<Mutex<Option<Pcpu<P>>>>,
+}
+
+/// One pCPU: owned by the one thread that is this pCPU (moved only at a migration, when the
+/// thread that becomes it takes it over), never behind a lock.
+struct Pcpu<P: Personality> {
+    pmu: PcpuPmu<Ctx<P>, P::Model>,
+    /// Requests other pCPUs sent this one (`Platform::send_request`), completed by this
+    /// pCPU's thread before its next guest entry.
+    requests: Receiver<CrossCpuRequest>,
+    /// The physical LVTPC mask (set by the core while a sample is cached).
+    masked: bool,
+    /// The VMM's record of every PMI handled here (the first `MAX_PMI_LOG`).
     pmi_log: Vec<PmiRecord>,
-    /// LVTPC deliveries queued for vCPUs other than the raising thread's.
-    queued_lvtpc: Vec<QueuedPmi>,
-    /// Shared pCPUs: vCPUs that were sent the PMU VIRQ while another ran, to run next on
-    /// their pCPU (the profiler flushes its sample sooner, as a hypervisor scheduler boosts a
-    /// woken vCPU).
-    wake: Vec<VcpuId>,
 }
 
 /// How the vCPUs of a run map to domains, host threads and pCPUs.
@@ -256,17 +361,25 @@ pub struct Machine<P: Personality> {
     layout: Layout,
     /// One VM per domain, by domain number.
     vms: Vec<Vm>,
-    /// vCPUs per domain, by domain number.
-    counts: Vec<u32>,
     vcpus: Vec<(VcpuId, Vcpu)>,
-    core: Mutex<Core<P>>,
-    pages: Mutex<Vec<(u32, u64)>>,
+    shared: Shared<P>,
+    /// Each pCPU, until the run hands it to its thread.
+    pcpus: Vec<Pcpu<P>>,
     /// Samples shipped through `port::BATCH` so far, by every vCPU (for progress reports).
     shipped: Arc<AtomicU64>,
     /// Shared pCPU: the domains whose exit ends the run (None: all of them).
     finish_with: Option<Vec<u32>>,
     /// Guest memory to copy into the results after the run: (domain, GPA, bytes).
     peeks: Vec<(u32, u64, usize)>,
+}
+
+impl<P: Personality> std::fmt::Debug for Machine<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("layout", &self.layout)
+            .field("vcpus", &self.vcpus.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// All PMU MSRs of both vendors: a PMU MSR of the other vendor must fault, not reach KVM.
@@ -336,28 +449,45 @@ impl<P: Personality> Machine<P> {
             }
             vms.push(vm);
         }
-        let vpmu = Vpmu::new(personality.backend(), XENPMU_MODE_SELF);
+        let vpmu = Vpmu::new(personality.backend(), Mode::SelfProfiling, pcpu_count);
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..pcpu_count).map(|_| mpsc::channel()).unzip();
+        // Attached here, before any thread runs: a software model is clean wherever it is
+        // attached, and it moves to its pCPU's thread with the rest of the pCPU.
         let pcpus = (0..pcpu_count)
-            .map(|_| vpmu.attach_pcpu(personality.model()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| io::Error::other(format!("attach_pcpu: {e:?}")))?;
-        let table = Table(vcpus.iter().map(|&(id, _)| vpmu.new_vcpu(id)).collect());
+            .zip(receivers)
+            .map(|(index, requests)| {
+                vpmu.attach_pcpu(index, personality.model())
+                    .map(|pmu| Pcpu {
+                        pmu,
+                        requests,
+                        masked: false,
+                        pmi_log: Vec::new(),
+                    })
+                    .map_err(|e| io::Error::other(format!("attach_pcpu: {e:?}")))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let index = VcpuIndex::new(&counts);
+        let table = Table {
+            vcpus: vcpus
+                .iter()
+                .map(|&(id, _)| Mutex::new(vpmu.new_vcpu(id)))
+                .collect(),
+            index: index.clone(),
+        };
+        let host = Host::new(layout, index, senders);
         Ok(Self {
             personality,
             layout,
             vms,
-            counts,
             vcpus,
-            core: Mutex::new(Core {
+            shared: Shared {
                 vpmu,
-                pcpus,
                 vcpus: table,
-                physical_masked: vec![false; pcpu_count as usize],
-                pmi_log: Vec::new(),
-                queued_lvtpc: Vec::new(),
-                wake: Vec::new(),
-            }),
-            pages: Mutex::new(Vec::new()),
+                host,
+                parking: (0..pcpu_count).map(|_| Mutex::new(None)).collect(),
+            },
+            pcpus,
             shipped: Arc::new(AtomicU64::new(0)),
             finish_with: None,
             peeks: Vec::new(),
@@ -371,17 +501,16 @@ impl<P: Personality> Machine<P> {
     where
         P: Sync,
         P::Model: Send,
-        P::Backend: Send,
+        P::Backend: Send + Sync,
         Ctx<P>: Send,
     {
         let Machine {
             personality,
             layout,
             vms,
-            counts,
             vcpus,
-            core,
-            pages,
+            shared,
+            pcpus,
             shipped,
             finish_with,
             peeks,
@@ -393,24 +522,23 @@ impl<P: Personality> Machine<P> {
             .and_then(|(_, v)| v.fd.get_tsc_khz().ok())
             .map_or(1_000_000, u64::from);
         let barrier = Rendezvous::new(vcpus.len());
-        let shared = layout.shared();
+        let shared_layout = layout.shared();
         let runners = vcpus.into_iter().enumerate().map(|(i, (me, vcpu))| Runner {
             personality: &personality,
             vm: &vms[me.domain as usize],
             vms: &vms,
-            counts: &counts,
-            core: &core,
-            pages: &pages,
+            shared: &shared,
             shipped: &shipped,
             vcpu,
             me,
-            pcpu: if shared {
+            pcpu: if shared_layout {
                 layout.home_pcpu(me)
             } else {
                 i as u32
             },
             count,
             barrier: &barrier,
+            cpu: None,
             state: PlatformState::default(),
             sync: kvm_sync_regs::default(),
             next_rip: 0,
@@ -420,12 +548,11 @@ impl<P: Personality> Machine<P> {
             fed_cycles: 0,
             slices: 0,
             activity: platform::VmmActivity::Other,
-            group: Vec::new(),
         });
-        let mut results = if shared {
-            Self::run_pcpus(runners.collect(), timeout, finish_with.as_deref(), &core)
+        let mut results = if shared_layout {
+            Self::run_pcpus(runners.collect(), pcpus, timeout, finish_with.as_deref())
         } else {
-            Self::run_threads(runners, timeout)
+            Self::run_threads(runners, pcpus, timeout)
         };
         for (domain, gpa, len) in peeks {
             let bytes = vms[domain as usize]
@@ -438,79 +565,97 @@ impl<P: Personality> Machine<P> {
                 r.peeked.push((gpa, bytes));
             }
         }
+        if shared_layout {
+            for r in &mut results {
+                r.stats = r
+                    .vcpu
+                    .and_then(|v| shared.vcpus.lock(v))
+                    .map(|v| *v.stats());
+            }
+        }
         results
     }
 
     /// Shared layouts: one thread per pCPU, each time-slicing its vCPUs (`sched`). Results
-    /// in vCPU creation order; the VMM's PMI record (on the first result) and the core's
-    /// statistics filled in once every pCPU is done.
+    /// in vCPU creation order; the VMM's PMI record of every pCPU (pCPU by pCPU, each in its
+    /// order: a vCPU's PMIs all come from its one pCPU) on the first result.
     fn run_pcpus<'r>(
         runners: Vec<Runner<'r, P>>,
+        pcpus: Vec<Pcpu<P>>,
         timeout: Duration,
         finish_with: Option<&[u32]>,
-        core: &Mutex<Core<P>>,
     ) -> Vec<RunResult>
     where
         P: Sync + 'r,
         P::Model: Send,
-        P::Backend: Send,
+        P::Backend: Send + Sync,
         Ctx<P>: Send,
     {
         let ids: Vec<VcpuId> = runners.iter().map(|r| r.me).collect();
-        let pcpus = runners.iter().map(|r| r.pcpu).max().map_or(0, |p| p + 1);
-        let mut groups: Vec<Vec<Runner<'r, P>>> = (0..pcpus).map(|_| Vec::new()).collect();
+        let mut groups: Vec<(Pcpu<P>, Vec<Runner<'r, P>>)> =
+            pcpus.into_iter().map(|cpu| (cpu, Vec::new())).collect();
         for r in runners {
             let p = r.pcpu as usize;
-            groups[p].push(r);
+            groups[p].1.push(r);
         }
-        let mut results: Vec<RunResult> = if groups.len() == 1 {
-            let group = groups.pop().unwrap_or_default();
-            sched::run_shared(group, timeout, finish_with)
+        let outcomes: Vec<(Vec<RunResult>, Vec<PmiRecord>)> = if groups.len() == 1 {
+            groups
+                .into_iter()
+                .map(|(cpu, group)| sched::run_shared(group, cpu, timeout, finish_with))
+                .collect()
         } else {
             std::thread::scope(|s| {
                 let handles: Vec<_> = groups
                     .into_iter()
-                    .map(|group| s.spawn(move || sched::run_shared(group, timeout, finish_with)))
+                    .map(|(cpu, group)| {
+                        s.spawn(move || sched::run_shared(group, cpu, timeout, finish_with))
+                    })
                     .collect();
                 handles
                     .into_iter()
-                    .flat_map(|h| {
+                    .map(|h| {
                         h.join().unwrap_or_else(|_| {
-                            vec![RunResult {
+                            let failed = RunResult {
                                 error: Some("pCPU thread panicked".into()),
                                 ..RunResult::default()
-                            }]
+                            };
+                            (vec![failed], Vec::new())
                         })
                     })
                     .collect()
             })
         };
+        let mut log = Vec::new();
+        let mut results = Vec::new();
+        for (r, l) in outcomes {
+            results.extend(r);
+            log.extend(l);
+        }
         results.sort_by_key(|r| r.vcpu.and_then(|v| ids.iter().position(|i| *i == v)));
-        let guard = core.lock().expect("vpmu core lock");
-        for (i, r) in results.iter_mut().enumerate() {
-            r.pmi_log = if i == 0 {
-                guard.pmi_log.clone()
-            } else {
-                Vec::new()
-            };
-            r.stats = r.vcpu.and_then(|v| guard.vcpus.vcpu(v)).map(|v| *v.stats());
+        if let Some(first) = results.first_mut() {
+            first.pmi_log = log;
         }
         results
     }
 
     fn run_threads<'r>(
         runners: impl Iterator<Item = Runner<'r, P>>,
+        pcpus: Vec<Pcpu<P>>,
         timeout: Duration,
     ) -> Vec<RunResult>
     where
         P: Sync + 'r,
         P::Model: Send,
-        P::Backend: Send,
+        P::Backend: Send + Sync,
         Ctx<P>: Send,
     {
         std::thread::scope(|s| {
             let handles: Vec<_> = runners
-                .map(|runner| s.spawn(move || runner.run(timeout)))
+                .zip(pcpus)
+                .map(|(mut runner, cpu)| {
+                    runner.cpu = Some(cpu);
+                    s.spawn(move || runner.run(timeout))
+                })
                 .collect();
             handles
                 .into_iter()

@@ -1,7 +1,11 @@
-//! The `vpmu::Platform` of the VMM: the VM seen from one vCPU thread between runs (shared
-//! pages in guest RAM, PMI delivery through the guest's LVTPC, the PMU VIRQ as an MSI).
+//! The `vpmu::Platform` of the VMM: the VM seen from one pCPU thread between runs (shared
+//! pages in guest RAM, PMI delivery through the guest's LVTPC, the PMU VIRQ as an MSI,
+//! cross-CPU requests), and `Host`, the part of it every pCPU thread shares, lock-free on the
+//! hot paths.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
 
 use kvm_bindings::{kvm_msi, kvm_sync_regs};
 use kvm_ioctls::VcpuFd;
@@ -10,12 +14,13 @@ use vpmu::abi::{
     XENPMU_REGS_MODE_HYPERVISOR, XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER,
 };
 use vpmu::{
-    AllowAll, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform,
-    VcpuId,
+    AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError,
+    PageSlot, Platform, VcpuId,
 };
 use zerocopy::FromBytes;
 
-use super::{PRIVILEGED_DOMAIN, VIRQ_VECTOR};
+use super::{Layout, PRIVILEGED_DOMAIN, VIRQ_VECTOR, VcpuIndex, lock_shared};
+use crate::kick::KickTarget;
 use crate::kvm::Vm;
 
 const LAPIC_ID: usize = 0x20;
@@ -109,7 +114,7 @@ pub(super) struct PlatformState {
 /// At most this many PMI contexts are kept per vCPU.
 pub(super) const MAX_PMI_CONTEXTS: usize = 1 << 16;
 
-/// At most this many LVTPC deliveries wait for their receivers (more: answered `Masked`).
+/// At most this many LVTPC deliveries wait for each receiver (more: answered `Masked`).
 const MAX_QUEUED: usize = 1024;
 
 /// An LVTPC delivery to a vCPU other than the one this thread runs (`LvtpcDelivery::Queued`):
@@ -142,7 +147,207 @@ impl PmiContext {
     }
 }
 
-/// The `Platform` view of the host from one vCPU, built between runs.
+/// One pCPU's inbox, reachable from every thread.
+#[derive(Debug)]
+pub(super) struct Mailbox {
+    /// Requests for this pCPU: a lock-free queue its thread drains before each guest entry.
+    requests: Sender<CrossCpuRequest>,
+    /// The thread that is this pCPU now, kicked out of `KVM_RUN` when a request arrives.
+    pub(super) kick: KickTarget,
+    /// Shared layouts: vCPUs of this pCPU waiting to run next (`VcpuSignals::woken` set).
+    wakes: AtomicU32,
+    /// The order of those wake-ups (first woken, first run).
+    wake_seq: AtomicU64,
+}
+
+/// What other threads signal to one vCPU, outside its state's lock (the core may hold that
+/// lock while it calls the platform).
+#[derive(Debug, Default)]
+struct VcpuSignals {
+    /// LVTPC deliveries queued for this vCPU by other threads or vCPUs.
+    queued: Mutex<Vec<QueuedPmi>>,
+    /// `queued` is not empty: the run loop looks at this, not the lock, before each entry.
+    has_queued: AtomicBool,
+    /// Shared layouts: nonzero while the vCPU waits to run next on its pCPU (it was sent the
+    /// PMU VIRQ while another vCPU ran there); the value orders the wake-ups of one pCPU.
+    woken: AtomicU64,
+}
+
+/// Guest frames mapped as shared pages, per domain: lock-free slots holding a frame number (0:
+/// free; frame 0 is never mapped).
+#[derive(Debug)]
+struct PageTable {
+    domains: Vec<Vec<AtomicU64>>,
+}
+
+impl PageTable {
+    fn new(counts: &[u32]) -> Self {
+        // One registered page per vCPU, plus one mapping in flight per vCPU's INIT (the core
+        // maps the frame before it checks the vCPU's state, and unmaps it if a check fails).
+        let slots = |n: u32| (0..2 * n.max(1)).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            domains: counts.iter().map(|&n| slots(n)).collect(),
+        }
+    }
+
+    fn map(&self, domain: u32, gfn: u64) -> bool {
+        self.domains.get(domain as usize).is_some_and(|slots| {
+            slots.iter().any(|s| {
+                s.compare_exchange(0, gfn, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            })
+        })
+    }
+
+    fn unmap(&self, domain: u32, gfn: u64) {
+        if let Some(slots) = self.domains.get(domain as usize) {
+            let _ = slots.iter().any(|s| {
+                s.compare_exchange(gfn, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            });
+        }
+    }
+
+    fn mapped(&self, domain: u32, gfn: u64) -> bool {
+        self.domains
+            .get(domain as usize)
+            .is_some_and(|slots| slots.iter().any(|s| s.load(Ordering::Acquire) == gfn))
+    }
+}
+
+/// The platform state every pCPU thread shares: pCPU mailboxes, per-vCPU signals, the mapped
+/// pages. Nothing here is locked on a guest's MSR exit.
+#[derive(Debug)]
+pub(super) struct Host {
+    layout: Layout,
+    index: VcpuIndex,
+    pub(super) mailboxes: Vec<Mailbox>,
+    signals: Vec<VcpuSignals>,
+    pages: PageTable,
+}
+
+impl Host {
+    pub(super) fn new(
+        layout: Layout,
+        index: VcpuIndex,
+        requests: Vec<Sender<CrossCpuRequest>>,
+    ) -> Self {
+        let vcpus = index.counts.iter().map(|&n| n as usize).sum();
+        Self {
+            layout,
+            pages: PageTable::new(&index.counts),
+            index,
+            mailboxes: requests
+                .into_iter()
+                .map(|requests| Mailbox {
+                    requests,
+                    kick: KickTarget::default(),
+                    wakes: AtomicU32::new(0),
+                    wake_seq: AtomicU64::new(0),
+                })
+                .collect(),
+            signals: (0..vcpus).map(|_| VcpuSignals::default()).collect(),
+        }
+    }
+
+    fn signals(&self, vcpu: VcpuId) -> Option<&VcpuSignals> {
+        self.signals.get(self.index.of(vcpu)?)
+    }
+
+    /// Sends `request` to `pcpu` and kicks its thread out of `KVM_RUN`.
+    fn send(&self, pcpu: u32, request: CrossCpuRequest) {
+        let Some(mailbox) = self.mailboxes.get(pcpu as usize) else {
+            return;
+        };
+        // A pCPU whose thread has ended was detached (`Vpmu::detach_pcpu`): the core no
+        // longer waits for it, and its queue is gone.
+        if mailbox.requests.send(request).is_ok() {
+            mailbox.kick.kick();
+        }
+    }
+
+    /// Shared layouts: `vcpu` runs next on its pCPU (unless it is already waiting to).
+    fn wake(&self, vcpu: VcpuId) {
+        let (Some(signals), Some(mailbox)) = (
+            self.signals(vcpu),
+            self.mailboxes.get(self.layout.home_pcpu(vcpu) as usize),
+        ) else {
+            return;
+        };
+        let stamp = mailbox.wake_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        if signals
+            .woken
+            .compare_exchange(0, stamp, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            mailbox.wakes.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// `vcpu` no longer waits to run (it runs now, or it is done).
+    pub(super) fn unwake(&self, vcpu: VcpuId) {
+        let (Some(signals), Some(mailbox)) = (
+            self.signals(vcpu),
+            self.mailboxes.get(self.layout.home_pcpu(vcpu) as usize),
+        ) else {
+            return;
+        };
+        if signals.woken.swap(0, Ordering::AcqRel) != 0 {
+            mailbox.wakes.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether a vCPU of `pcpu` waits to run next.
+    pub(super) fn woken_on(&self, pcpu: u32) -> bool {
+        self.mailboxes
+            .get(pcpu as usize)
+            .is_some_and(|m| m.wakes.load(Ordering::Acquire) > 0)
+    }
+
+    /// Of `group`, the vCPU that was woken first and still waits.
+    pub(super) fn first_woken(&self, group: &[VcpuId]) -> Option<VcpuId> {
+        group
+            .iter()
+            .filter_map(|&v| {
+                let stamp = self.signals(v)?.woken.load(Ordering::Acquire);
+                (stamp != 0).then_some((stamp, v))
+            })
+            .min()
+            .map(|(_, v)| v)
+    }
+
+    /// Whether LVTPC deliveries wait for `vcpu`.
+    pub(super) fn has_queued(&self, vcpu: VcpuId) -> bool {
+        self.signals(vcpu)
+            .is_some_and(|s| s.has_queued.load(Ordering::Acquire))
+    }
+
+    /// The LVTPC deliveries waiting for `vcpu`, in order (removed).
+    pub(super) fn take_queued(&self, vcpu: VcpuId) -> Vec<QueuedPmi> {
+        let Some(signals) = self.signals(vcpu) else {
+            return Vec::new();
+        };
+        let mut queued = lock_shared(&signals.queued);
+        signals.has_queued.store(false, Ordering::Release);
+        std::mem::take(&mut *queued)
+    }
+
+    fn queue_lvtpc(&self, pmi: QueuedPmi) -> bool {
+        let Some(signals) = self.signals(pmi.to) else {
+            return false;
+        };
+        let mut queued = lock_shared(&signals.queued);
+        if queued.len() >= MAX_QUEUED {
+            return false;
+        }
+        queued.push(pmi);
+        signals.has_queued.store(true, Ordering::Release);
+        true
+    }
+}
+
+/// The `Platform` view of the host from one pCPU thread and the vCPU it runs, built between
+/// runs.
 pub(super) struct KvmPlatform<'a> {
     /// This vCPU's VM (its domain's).
     pub(super) vm: &'a Vm,
@@ -151,16 +356,11 @@ pub(super) struct KvmPlatform<'a> {
     /// This thread's vCPU (the only one whose LAPIC it may touch between runs).
     pub(super) vcpu: &'a VcpuFd,
     pub(super) me: VcpuId,
-    /// vCPUs per domain, by domain number.
-    pub(super) counts: &'a [u32],
-    /// Mapped shared pages: (domain, frame number).
-    pub(super) pages: &'a Mutex<Vec<(u32, u64)>>,
-    /// The physical LVTPC mask of each pCPU (set by the core while a sample is cached).
-    pub(super) physical_masked: &'a mut [bool],
-    /// LVTPC deliveries waiting for their receivers' run loops (all vCPUs').
-    pub(super) queued: &'a mut Vec<QueuedPmi>,
-    /// vCPUs to run next on their shared pCPUs (sent the PMU VIRQ while not running).
-    pub(super) wake: &'a mut Vec<VcpuId>,
+    /// The pCPU this thread is.
+    pub(super) pcpu: u32,
+    pub(super) host: &'a Host,
+    /// This pCPU's physical LVTPC mask (set by the core while a sample is cached).
+    pub(super) physical_masked: &'a mut bool,
     pub(super) state: &'a mut PlatformState,
 }
 
@@ -248,7 +448,7 @@ impl Platform for KvmPlatform<'_> {
     }
 
     fn vcpu_count(&self, domain: u32) -> Option<u32> {
-        self.counts.get(domain as usize).copied()
+        self.host.index.counts.get(domain as usize).copied()
     }
 
     fn event_filter(&self, _domain: u32) -> &dyn EventFilter {
@@ -264,22 +464,22 @@ impl Platform for KvmPlatform<'_> {
         if !in_ram || gfn == 0 {
             return Err(MapError::InvalidFrame);
         }
-        let mut pages = self.pages.lock().map_err(|_| MapError::NoMemory)?;
-        pages.push((domain, gfn));
+        if !self.host.pages.map(domain, gfn) {
+            return Err(MapError::NoMemory);
+        }
         Ok(slot_of(domain, gfn))
     }
 
     fn unmap_page(&mut self, slot: PageSlot) {
-        if let Ok(mut pages) = self.pages.lock() {
-            if let Some(i) = pages.iter().position(|&p| p == page_of(slot)) {
-                pages.swap_remove(i);
-            }
-        }
+        let (domain, gfn) = page_of(slot);
+        self.host.pages.unmap(domain, gfn);
     }
 
     fn with_page<R>(&mut self, slot: PageSlot, access: impl FnOnce(&mut Page) -> R) -> Option<R> {
         let (domain, gfn) = page_of(slot);
-        if !self.pages.lock().ok()?.contains(&(domain, gfn)) {
+        // A page is one vCPU's, and the core registers, reaches and unmaps it under that
+        // vCPU's lock, so no unmap races with this access; the memory stays the VM's anyway.
+        if !self.host.pages.mapped(domain, gfn) {
             return None;
         }
         let bytes = self
@@ -301,22 +501,23 @@ impl Platform for KvmPlatform<'_> {
             };
         }
         // Another vCPU's LAPIC: only its own run loop may change it, before its next entry.
-        if self.queued.len() >= MAX_QUEUED {
-            return LvtpcDelivery::Masked;
-        }
-        self.queued.push(QueuedPmi {
+        let queued = self.host.queue_lvtpc(QueuedPmi {
             to: vcpu,
             mask_on_delivery,
             context,
         });
-        LvtpcDelivery::Queued
+        if queued {
+            LvtpcDelivery::Queued
+        } else {
+            LvtpcDelivery::Masked
+        }
     }
 
     fn raise_pmu_virq(&mut self, vcpu: VcpuId) {
         if vcpu == self.me {
             self.state.injected = Some(VIRQ_VECTOR);
-        } else if !self.wake.contains(&vcpu) {
-            self.wake.push(vcpu);
+        } else if self.host.layout.shared() {
+            self.host.wake(vcpu);
         }
         // An MSI through the receiver's VM (a VM ioctl: safe from any thread). For a vCPU that
         // is not running (another domain's on a shared pCPU) KVM only sets the IRR bit, and the
@@ -340,10 +541,23 @@ impl Platform for KvmPlatform<'_> {
         }
     }
 
+    fn send_request(&mut self, pcpu: u32, request: CrossCpuRequest) {
+        debug_assert_ne!(pcpu, self.pcpu, "the core sent {request:?} to its own pCPU");
+        self.host.send(pcpu, request);
+    }
+
     fn set_physical_lvtpc_masked(&mut self, pcpu: u32, masked: bool) {
-        if let Some(m) = self.physical_masked.get_mut(pcpu as usize) {
-            *m = masked;
+        // Always the caller's own pCPU (the core never touches another's).
+        debug_assert_eq!(pcpu, self.pcpu, "the core masked another pCPU's LVTPC");
+        if pcpu == self.pcpu {
+            *self.physical_masked = masked;
         }
+    }
+
+    fn resume_regs(&self, vcpu: VcpuId) -> Option<Regs> {
+        // A vCPU is switched in by the thread that runs it next, with its own platform view:
+        // its registers at its last exit are where it resumes.
+        (vcpu == self.me).then_some(self.state.regs)
     }
 
     fn interrupted(&self, _pcpu: u32) -> Interrupted {

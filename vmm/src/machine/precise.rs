@@ -18,8 +18,7 @@ impl<P: Personality> Runner<'_, P> {
         let branch = self.is_branch(rip);
         let cpl = (self.sync.sregs.cs.selector & 3) as u8;
         let mode = ExecMode { cpl, host: false };
-        let mut core = self.core.lock().expect("vpmu core lock");
-        let model = core.pcpus[self.pcpu()].hw_mut();
+        let model = self.model();
         model.count(HwEvent::Instructions, 1, mode);
         if branch {
             model.count(HwEvent::Branches, 1, mode);

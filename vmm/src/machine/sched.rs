@@ -6,25 +6,25 @@
 
 use std::time::{Duration, Instant};
 
-use super::RunResult;
-use super::platform::KvmPlatform;
-use super::runner::Runner;
-use crate::kick::Kick;
+use super::runner::{Runner, ThreadKick};
+use super::{Pcpu, PmiRecord, RunResult};
 use crate::personality::Personality;
 
 /// Exits per time slice: small, so that the switches land inside the measured loops (a
 /// single-stepped instruction is one exit).
 pub(super) const SLICE_EXITS: u64 = 7;
 
-/// Runs `runners` (all on the same pCPU) alternately until each writes its exit status,
-/// fails, or `timeout` passes; with `finish_with`, until those domains' vCPUs have (the
-/// others are stopped). A vCPU sent the PMU VIRQ while another runs ends that slice and runs
-/// next. Results in the order of `runners` (the caller adds the PMI record and statistics).
+/// Runs `runners` (all on pCPU `cpu`, which this thread is) alternately until each writes its
+/// exit status, fails, or `timeout` passes; with `finish_with`, until those domains' vCPUs
+/// have (the others are stopped). A vCPU sent the PMU VIRQ while another runs ends that slice
+/// and runs next. Results in the order of `runners` (the caller adds the statistics), and the
+/// pCPU's PMI record.
 pub(super) fn run_shared<P: Personality>(
     mut runners: Vec<Runner<'_, P>>,
+    cpu: Pcpu<P>,
     timeout: Duration,
     finish_with: Option<&[u32]>,
-) -> Vec<RunResult> {
+) -> (Vec<RunResult>, Vec<PmiRecord>) {
     let start = Instant::now();
     let mut results = vec![RunResult::default(); runners.len()];
     let mut done = vec![false; runners.len()];
@@ -33,22 +33,25 @@ pub(super) fn run_shared<P: Personality>(
         .map(|r| finish_with.is_none_or(|d| d.contains(&r.me.domain)))
         .collect();
     let group: Vec<_> = runners.iter().map(|r| r.me).collect();
-    for r in &mut runners {
-        r.group.clone_from(&group);
-    }
+    let pcpu = cpu.pmu.index();
+    let mut cpu = Some(cpu);
     let Some(first) = runners.first_mut() else {
-        return results;
+        return (results, Vec::new());
     };
+    let shared = first.shared;
     // Declared after `runners`, so dropped before the vCPUs whose pages it points at.
-    let kick = match Kick::new(first.vcpu.fd.get_kvm_run()) {
+    let kick = match ThreadKick::new(first.vcpu.fd.get_kvm_run(), &shared.host) {
         Ok(kick) => kick,
         Err(e) => {
             for r in &mut results {
                 r.error = Some(e.clone());
             }
-            return results;
+            first.cpu = cpu.take();
+            let (log, _) = first.leave_pcpu();
+            return (results, log);
         }
     };
+    kick.register(pcpu);
     // Round robin; a boosted vCPU runs out of turn without moving the rotation, so that the
     // profiler's wake-ups do not starve the vCPUs after it.
     let mut rotation = 0;
@@ -63,18 +66,11 @@ pub(super) fn run_shared<P: Personality>(
             continue;
         }
         let runner = &mut runners[i];
-        kick.retarget(runner.vcpu.fd.get_kvm_run());
-        let (me, pcpu) = (runner.me, runner.pcpu);
-        let switched = with_core!(runner, |platform, core| {
-            platform.wake.retain(|w| *w != me);
-            core.vpmu.context_switch(
-                &mut platform,
-                &mut core.pcpus,
-                &mut core.vcpus,
-                pcpu,
-                Some(me),
-            )
-        });
+        kick.kick().retarget(runner.vcpu.fd.get_kvm_run());
+        let me = runner.me;
+        runner.cpu = cpu.take();
+        shared.host.unwake(me);
+        let switched = runner.switch(Some(me));
         runner.slices += 1;
         let slice = switched
             .map_err(|e| format!("context_switch: {e:?}"))
@@ -83,6 +79,7 @@ pub(super) fn run_shared<P: Personality>(
                     .run_loop(timeout, start, &mut results[i], &kick, Some(SLICE_EXITS))
                     .map_err(|e| e.to_string())
             });
+        cpu = runner.cpu.take();
         match slice {
             Ok(finished) => done[i] = finished,
             Err(e) => {
@@ -92,15 +89,13 @@ pub(super) fn run_shared<P: Personality>(
         }
         // The boost: a vCPU of this pCPU that was sent the PMU VIRQ runs next. A vCPU that is
         // done leaves the list (it would end every other slice at once otherwise).
-        let woken = {
-            let mut core = runner.core.lock().expect("vpmu core lock");
-            if done[i] {
-                core.wake.retain(|w| *w != me);
-            }
-            core.wake
-                .iter()
-                .find_map(|w| runners.iter().position(|r| r.me == *w))
-        };
+        if done[i] {
+            shared.host.unwake(me);
+        }
+        let woken = shared
+            .host
+            .first_woken(&group)
+            .and_then(|w| runners.iter().position(|r| r.me == w));
         if let Some(w) = woken.filter(|&w| !done[w]) {
             boosted = Some(w);
         }
@@ -108,20 +103,19 @@ pub(super) fn run_shared<P: Personality>(
     for (result, finished) in results.iter_mut().zip(&done) {
         result.stopped = !finished;
     }
-    // Take the last vCPU off the pCPU (saves its context).
-    if let Some(runner) = runners.first_mut() {
-        let pcpu = runner.pcpu;
-        let off = with_core!(runner, |platform, core| core.vpmu.context_switch(
-            &mut platform,
-            &mut core.pcpus,
-            &mut core.vcpus,
-            pcpu,
-            None
-        ));
-        if let (Err(e), Some(r)) = (off, results.first_mut()) {
-            r.error.get_or_insert(format!("context_switch: {e:?}"));
-        }
+    // The vCPU still on the pCPU is switched off (its context saved) by its own runner, and
+    // the pCPU leaves service.
+    let current = cpu.as_ref().and_then(|c| c.pmu.current());
+    let last = runners
+        .iter()
+        .position(|r| Some(r.me) == current)
+        .unwrap_or(0);
+    runners[last].cpu = cpu.take();
+    let (log, left) = runners[last].leave_pcpu();
+    if let (Some(e), Some(r)) = (left, results.get_mut(last)) {
+        r.error.get_or_insert(e);
     }
+    drop(kick);
     for (result, runner) in results.iter_mut().zip(&runners) {
         result.elapsed = start.elapsed();
         result.pmis = runner.state.pmis;
@@ -129,5 +123,5 @@ pub(super) fn run_shared<P: Personality>(
         result.guest_ns = runner.run_ns;
         result.pmi_contexts.clone_from(&runner.state.pmi_contexts);
     }
-    results
+    (results, log)
 }

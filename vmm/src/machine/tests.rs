@@ -51,3 +51,57 @@ fn both_vendor_ranges_fit_one_filter() {
         );
     }
 }
+
+/// The SMP design's claim: from a PMU MSR exit to the next entry the VMM takes no shared lock,
+/// only the exiting vCPU's own (and a second per-vCPU lock when a PMI raised at that exit is
+/// handled), whatever the layout.
+#[test]
+fn msr_exits_take_no_shared_lock() {
+    let Ok(kvm) = crate::kvm::usable() else {
+        eprintln!("SKIPPED: /dev/kvm not available (lock count test)");
+        println!("SKIPPED: /dev/kvm not available (lock count test)");
+        return;
+    };
+    let cpuid = crate::kvm::supported_cpuid(&kvm).expect("cpuid");
+    let runs: [(Source, &[u8], u64, Layout); 4] = [
+        (
+            Source::Precise,
+            crate::guest::BENCH,
+            0,
+            Layout::ThreadPerVcpu(1),
+        ),
+        // Two vCPU threads, each its own pCPU, with a migration.
+        (
+            Source::Precise,
+            crate::guest::PMU,
+            100,
+            Layout::ThreadPerVcpu(2),
+        ),
+        // Two domains switched on one pCPU.
+        (
+            Source::Precise,
+            crate::guest::PMU,
+            300,
+            Layout::SharedPcpu(2),
+        ),
+        // All mode: the profiler's WRMSRs program the pCPU's system-wide context.
+        (Source::Timed, crate::guest::PMU, 400, Layout::SharedPcpu(3)),
+    ];
+    for (source, image, case, layout) in runs {
+        let machine =
+            Machine::with_layout(&kvm, Intel::v5(source), &cpuid, image, case, layout).expect("VM");
+        let results = machine.run(Duration::from_secs(60));
+        let exits: u64 = results.iter().map(|r| r.msr_exit_ns[0].0).sum();
+        assert!(exits > 0, "case {case}: no MSR exit answered by the vpmu");
+        for r in &results {
+            assert_eq!(r.error, None, "case {case}: {}", r.console);
+            let (n, locks) = (r.msr_exit_ns[0].0, r.msr_exit_locks);
+            assert_eq!(locks.shared, 0, "case {case}, {:?}: {locks:?}", r.vcpu);
+            assert!(
+                (n..=2 * n).contains(&locks.vcpu),
+                "case {case}, {:?}: {n} exits, {locks:?}",
+                r.vcpu
+            );
+        }
+    }
+}

@@ -7,8 +7,7 @@
 use std::io;
 use std::time::Duration;
 
-use vpmu::abi::XENPMU_MODE_HV;
-use vpmu::{ExecMode, HwEvent, SoftwarePmu};
+use vpmu::{ExecMode, HwEvent, Mode, SoftwarePmu};
 
 use super::PRIVILEGED_DOMAIN;
 use super::runner::Runner;
@@ -26,8 +25,7 @@ impl<P: Personality> Runner<'_, P> {
             return;
         }
         let mode = self.mode();
-        let mut core = self.core.lock().expect("vpmu core lock");
-        let model = core.pcpus[self.pcpu()].hw_mut();
+        let model = self.model();
         model.count(HwEvent::CoreCycles, cycles, mode);
         model.count(HwEvent::RefCycles, cycles, mode);
     }
@@ -38,19 +36,16 @@ impl<P: Personality> Runner<'_, P> {
     /// in hv mode, and stops every other domain's). A PMI it raises interrupted the VMM.
     pub(super) fn feed_vmm_cycles(&mut self, vmm_time: Duration) -> io::Result<()> {
         let cycles = (vmm_time.as_nanos() * u128::from(self.tsc_khz) / 1_000_000) as u64;
+        if self.shared.vpmu.mode() != Mode::Hypervisor
+            || self.me.domain != PRIVILEGED_DOMAIN
+            || cycles == 0
         {
-            let mut core = self.core.lock().expect("vpmu core lock");
-            if core.vpmu.mode() != XENPMU_MODE_HV
-                || self.me.domain != PRIVILEGED_DOMAIN
-                || cycles == 0
-            {
-                return Ok(());
-            }
-            let host = ExecMode { cpl: 0, host: true };
-            let model = core.pcpus[self.pcpu()].hw_mut();
-            model.count(HwEvent::CoreCycles, cycles, host);
-            model.count(HwEvent::RefCycles, cycles, host);
+            return Ok(());
         }
+        let host = ExecMode { cpl: 0, host: true };
+        let model = self.model();
+        model.count(HwEvent::CoreCycles, cycles, host);
+        model.count(HwEvent::RefCycles, cycles, host);
         self.state.hypervisor = Some(self.activity);
         let handled = self.check_pmi();
         self.state.hypervisor = None;
