@@ -6,16 +6,15 @@
 //! choices derive from it, their interleaving is the OS's). Nothing depends on timing: every
 //! wait is for other threads' progress, counted in queue drains.
 //!
-//! Core bugs the stress found, each with a deterministic reproduction below (ignored until
-//! fixed), and what `Config::avoid_known_bugs` leaves out of the workload so that the rest of
+//! Core bugs the stress found, each with a deterministic reproduction below (ignored while
+//! open), and what `Config::avoid_known_bugs` leaves out of the workload so that the rest of
 //! it keeps running:
 //!
-//! 1. Two conflicting policy changes retried concurrently livelock: each retry of MODE_SET
-//!    (FEATURE_SET alike) that finds the other's change complete commits its own again
-//!    (`vpmu/src/ops.rs` `mode_set`: "mode != old.mode" after the change completed means
-//!    "start it", even for the caller whose change already completed and was overridden).
-//!    The stress gives the privileged domain one control tool (one mode change and one
-//!    feature change at a time) in every variant.
+//! 1. Fixed: two conflicting policy changes retried concurrently livelocked (each retry that
+//!    found the other's change complete committed its own again). A vCPU now remembers the
+//!    change it began (`PendingChange`); its retry answers 0 once that one is complete, so
+//!    the two are serialized. Every variant has privileged vCPUs changing mode and features
+//!    concurrently.
 //! 2. A phantom PMI: a counter that overflowed while its interrupt was disabled (status bit
 //!    set, no PMI) becomes a PMI at the next save once the guest has enabled the interrupt
 //!    (`vendor-intel/src/switch.rs` `save_context` and `overflow_of`, `vendor-amd/src/backend.rs`
@@ -25,13 +24,9 @@
 //!    overflow raises a PMI that is delivered if taken at once but lost if the vCPU is switched
 //!    out first (the same `save`s report only overflows not already in the virtual status;
 //!    `handle_overflow` reports them all). Intel v2/v5, AMD PerfMonV2.
-//! 4. A withheld PMI: a policy change caught up while an overflow is in flight on a running
-//!    vCPU's loaded context saves it into `pending_pmi` and reloads (`vpmu/src/switch.rs`
-//!    `restrict_loaded`, called from `catch_up` in `vpmu/src/request.rs`), and nothing delivers
-//!    it until the vCPU is next switched in, however long it keeps running; a later save can
-//!    merge another overflow into it (lost). `restrict_loaded`'s "did anything change" probe
-//!    compares whole contexts, so bookkeeping alone (a counter disabled while loaded) makes an
-//!    unrelated domain's filter change restrict and withhold too. All four shapes.
+//! 4. Fixed: a policy change caught up while an overflow was in flight on a running vCPU's
+//!    loaded context saved it into `pending_pmi` and nothing delivered it until the vCPU's
+//!    next switch-in (`restrict_loaded` now delivers it at once). All four shapes.
 
 use std::sync::mpsc;
 use std::thread;
@@ -135,7 +130,7 @@ fn stress_amd_perfmon_v2_full_workload() {
 }
 
 #[test]
-#[ignore = "core bug 4 (module documentation): withheld PMIs"]
+#[ignore = "core bugs 2, 3 (module documentation): lost PMIs of the K7 overflow detection"]
 fn stress_amd_legacy_full_workload() {
     stress(amd_legacy(), false);
 }
@@ -193,7 +188,6 @@ fn count_silently(m: &mut Machine<impl SimVendor>, n: u64) {
 /// restart finds the other's change complete and commits its own again: neither ever
 /// completes.
 #[test]
-#[ignore = "core bug 1 (module documentation): concurrent conflicting mode sets livelock"]
 fn two_conflicting_mode_sets_both_complete() {
     let mut m = Machine::new(intel_v5(), 2, &[2, 1], XENPMU_MODE_SELF);
     m.schedule(0, Some(P0));
@@ -320,7 +314,6 @@ fn withheld_pmi<V: SimVendor>(vendor: V, filtered_domain: u32) {
 
 /// Bug 4.
 #[test]
-#[ignore = "core bug 4 (module documentation): a PMI in flight at a policy change is withheld"]
 fn a_pmi_in_flight_at_a_policy_change_reaches_the_running_vcpu() {
     for domain in [1, 2] {
         withheld_pmi(intel_v5(), domain);

@@ -12,7 +12,10 @@ use crate::core::{Mode, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
 use crate::platform::{Diagnostic, MapError, Platform, VcpuId};
 use crate::request::{ChangeRefused, Completion, CrossCpuRequest};
-use crate::state::{PcpuPmu, SampleSource, SharedPage, SystemContext, VcpuPmu, VcpuState};
+use crate::state::{
+    PcpuPmu, PendingChange, PolicyChange, SampleSource, SharedPage, SystemContext, VcpuPmu,
+    VcpuState,
+};
 
 /// Features this backend can enforce; the Intel-only ones are refused elsewhere.
 fn enforceable_features(vendor: crate::backend::Vendor) -> u64 {
@@ -172,9 +175,9 @@ impl<B: PmuBackend> Vpmu<B> {
         }
         let mode = Mode::from_abi(mode).ok_or(OpError::InvalidArgument)?;
         let old = self.policy();
-        if self.change_in_progress() {
-            // The caller's own change (or someone's) is still being applied.
-            return Err(OpError::Again);
+        let request = PolicyChange::Mode(mode);
+        if let Some(answer) = self.retried_change(vcpus, caller, request) {
+            return answer;
         }
         if mode == old.mode {
             return Ok(());
@@ -183,7 +186,7 @@ impl<B: PmuBackend> Vpmu<B> {
         let done = self
             .change_policy(platform, pcpu, vcpus, mode, old.features, !self_hv_swap)
             .map_err(|why| refused(platform, caller, why))?;
-        completion(done)
+        self.started_change(vcpus, caller, request, done)
     }
 
     fn feature_set<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
@@ -201,8 +204,9 @@ impl<B: PmuBackend> Vpmu<B> {
             return Err(OpError::NotSupported);
         }
         let old = self.policy();
-        if self.change_in_progress() {
-            return Err(OpError::Again);
+        let request = PolicyChange::Features(features);
+        if let Some(answer) = self.retried_change(vcpus, caller, request) {
+            return answer;
         }
         if features == old.features {
             return Ok(());
@@ -210,6 +214,59 @@ impl<B: PmuBackend> Vpmu<B> {
         let done = self
             .change_policy(platform, pcpu, vcpus, old.mode, features, true)
             .map_err(|why| refused(platform, caller, why))?;
+        self.started_change(vcpus, caller, request, done)
+    }
+
+    /// A MODE_SET/FEATURE_SET call while a change is being applied. The caller's own change
+    /// (the same request it started, `PendingChange`) answers 0 once it is complete, even if
+    /// another caller's change followed it: the two are then serialized, the caller's first.
+    /// Without this, two callers retrying different values would each re-commit theirs as
+    /// soon as the other's completed, forever. `None`: go on with the request.
+    fn retried_change<T: VcpuTable<B::Context>>(
+        &self,
+        vcpus: &T,
+        caller: VcpuId,
+        request: PolicyChange,
+    ) -> Option<Result<(), OpError>> {
+        let in_progress = self.change_in_progress();
+        let epoch = self.policy().epoch;
+        let mut answer = None;
+        vcpus.with_vcpu(caller, &mut |v| {
+            answer = match v.pending_change.take() {
+                Some(started) if started.request == request => {
+                    if in_progress && epoch == started.epoch {
+                        v.pending_change = Some(started);
+                        Some(Err(OpError::Again))
+                    } else {
+                        // Complete (a later change may be being applied: this one is done).
+                        Some(Ok(()))
+                    }
+                }
+                // None, or a different request: an earlier one is abandoned by its caller
+                // (it completes all the same).
+                _ => None,
+            };
+        });
+        match answer {
+            None if in_progress => Some(Err(OpError::Again)),
+            answer => answer,
+        }
+    }
+
+    /// Remembers a change `caller` began that is still being applied, for `retried_change`.
+    fn started_change<T: VcpuTable<B::Context>>(
+        &self,
+        vcpus: &T,
+        caller: VcpuId,
+        request: PolicyChange,
+        done: Completion,
+    ) -> Result<(), OpError> {
+        if done == Completion::Pending {
+            let epoch = self.policy().epoch;
+            vcpus.with_vcpu(caller, &mut |v| {
+                v.pending_change = Some(PendingChange { request, epoch });
+            });
+        }
         completion(done)
     }
 

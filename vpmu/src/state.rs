@@ -76,6 +76,23 @@ pub struct VcpuStats {
     pub hw_msr: MsrAccessStats,
 }
 
+/// What a MODE_SET or FEATURE_SET asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PolicyChange {
+    /// MODE_SET to this mode.
+    Mode(Mode),
+    /// FEATURE_SET to these features.
+    Features(u64),
+}
+
+/// A policy change a vCPU began that was still being applied on other pCPUs when its call
+/// returned `-EAGAIN`: its retry answers 0 once epoch `epoch` is complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PendingChange {
+    pub(crate) request: PolicyChange,
+    pub(crate) epoch: u64,
+}
+
 /// A registered shared page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SharedPage {
@@ -111,6 +128,8 @@ pub struct VcpuPmu<C> {
     /// All mode: the sampled system-wide context as saved at the sample cached in the page
     /// (what the flush verifies the page against).
     pub(crate) sampled: Option<C>,
+    /// A MODE_SET/FEATURE_SET this vCPU began that was still in progress at its last call.
+    pub(crate) pending_change: Option<PendingChange>,
     pub(crate) stats: VcpuStats,
 }
 
@@ -130,6 +149,7 @@ impl<C> VcpuPmu<C> {
             system_instances: (0, 0),
             handover: None,
             sampled: None,
+            pending_change: None,
             stats: VcpuStats::default(),
         }
     }

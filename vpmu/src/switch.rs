@@ -220,7 +220,10 @@ impl<B: PmuBackend> Vpmu<B> {
         }
         self.save_vcpu(pcpu, vcpu)?;
         self.settle(platform, policy, vcpu);
-        self.load_if_active(platform, policy, pcpu, vcpu)
+        self.load_if_active(platform, policy, pcpu, vcpu)?;
+        // The vCPU keeps running here: an overflow in flight that the save found is its now,
+        // not at its next switch-in (which may be far off).
+        self.deliver_pending(platform, pcpu, vcpu)
     }
 
     /// Delivers an overflow kept pending at a save, now that `vcpu` runs on `pcpu`.

@@ -1342,7 +1342,7 @@ impl<'a, V: SimVendor> Runner<'a, V> {
                 XENPMU_MODE_OFF,
             ])
         };
-        if self.take_tool(&self.shared.mode_tool) {
+        {
             self.start_op(
                 x,
                 XENPMU_OP_MODE_SET,
@@ -1365,7 +1365,7 @@ impl<'a, V: SimVendor> Runner<'a, V> {
         } else {
             self.rng.pick(&[0, XENPMU_FEATURE_INTEL_BTS])
         };
-        if self.take_tool(&self.shared.feature_tool) {
+        {
             self.start_op(
                 x,
                 XENPMU_OP_FEATURE_SET,
@@ -1373,11 +1373,6 @@ impl<'a, V: SimVendor> Runner<'a, V> {
                 OpKind::FeatureSet { features },
             );
         }
-    }
-
-    fn take_tool(&self, tool: &std::sync::atomic::AtomicBool) -> bool {
-        tool.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
     }
 
     fn start_op(&mut self, caller: VcpuId, op: u32, params: Params, kind: OpKind) {
@@ -1446,13 +1441,6 @@ impl<'a, V: SimVendor> Runner<'a, V> {
                     self.shared.coverage.hit("operations answered -EAGAIN");
                     self.pending = Some(pending);
                     return;
-                }
-                match kind {
-                    OpKind::ModeSet { .. } => self.shared.mode_tool.store(false, Ordering::SeqCst),
-                    OpKind::FeatureSet { .. } => {
-                        self.shared.feature_tool.store(false, Ordering::SeqCst)
-                    }
-                    _ => {}
                 }
                 self.check_op(caller, kind, mode_before, result.map(|_| ()));
             }

@@ -186,12 +186,6 @@ pub struct Shared {
     pub filters: Vec<DomainFilter>,
     /// Per vCPU (flat index), the thread running it or tearing it down, else [`FREE`].
     pub claims: Vec<AtomicU32>,
-    /// Held by the privileged vCPU with a mode change in progress, and by the one with a
-    /// feature change in progress: the privileged domain's one control tool. Two conflicting
-    /// changes retried concurrently livelock in the core (see the report of smp_stress.rs).
-    pub mode_tool: AtomicBool,
-    /// See `mode_tool`.
-    pub feature_tool: AtomicBool,
     /// Unprivileged guests leave their PMU alone (so that all and off mode can be reached).
     pub quiet: AtomicBool,
     /// A thread panicked: everyone stops.
@@ -267,8 +261,6 @@ impl Shared {
                 .map(|_| DomainFilter::default())
                 .collect(),
             claims: (0..vcpus).map(|_| AtomicU32::new(FREE)).collect(),
-            mode_tool: AtomicBool::new(false),
-            feature_tool: AtomicBool::new(false),
             quiet: AtomicBool::new(false),
             abort: AtomicBool::new(false),
             arrived: AtomicU32::new(0),
