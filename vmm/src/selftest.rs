@@ -278,28 +278,7 @@ fn bench_one<P: Personality + Copy + Sync>(
     if let Some(e) = r.error {
         return Err(e);
     }
-    let mut vpmu = Vec::new();
-    let mut null = Vec::new();
-    let mut looped = Vec::new();
-    for line in r.console.lines() {
-        let mut w = line.split_whitespace();
-        if w.next() != Some("BENCH") {
-            continue;
-        }
-        let which = w.next();
-        let ticks: f64 = w.next().and_then(|t| t.parse().ok()).unwrap_or(0.0);
-        match which {
-            Some("vpmu") => vpmu.push(ticks),
-            Some("null") => null.push(ticks),
-            Some("loop") => looped.push(ticks),
-            _ => {}
-        }
-    }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    let (tv, tn, tl) = (med(&mut vpmu), med(&mut null), med(&mut looped));
+    let (tv, tn, tl) = bench_medians(&r.console);
     let [(nv, sv), (nn, sn)] = r.msr_exit_ns;
     let locks = r.msr_exit_locks;
     let per_exit = |n: u64| n as f64 / nv.max(1) as f64;
@@ -326,5 +305,50 @@ fn bench_one<P: Personality + Copy + Sync>(
         per_exit(locks.vcpu),
         nv
     );
+    // The same loop on two vCPU threads (two pCPUs) at once: intercept throughput scales with
+    // the pCPUs unless something serializes them (the single lock this VMM had).
+    let pair = Machine::new(kvm, p, cpuid, guest::BENCH, 0, 2).map_err(|e| e.to_string())?;
+    let r2 = merge(&pair.run(Duration::from_secs(120)), "vcpu");
+    if let Some(e) = r2.error {
+        return Err(e);
+    }
+    let (tv2, _, _) = bench_medians(&r2.console);
+    line += &format!(
+        "{}: RDMSR-exit throughput, 2 vCPU threads vs 1 (same run, medians): {:.2}x \
+         (per-iteration {:.2} us on each of 2 threads, {:.2} us alone)\n",
+        p.name(),
+        2.0 * tv / tv2.max(f64::MIN_POSITIVE),
+        tv2 / tsc_mhz,
+        tv / tsc_mhz
+    );
     Ok(line)
+}
+
+/// The medians of the guest's `BENCH vpmu|null|loop <ticks>` batches, in TSC ticks per
+/// iteration, over every vCPU's console (merged lines carry a `[vcpuN] ` prefix).
+fn bench_medians(console: &str) -> (f64, f64, f64) {
+    let (mut vpmu, mut null, mut looped) = (Vec::new(), Vec::new(), Vec::new());
+    for line in console.lines() {
+        let line = match line.strip_prefix('[') {
+            Some(rest) => rest.split_once("] ").map_or(rest, |(_, l)| l),
+            None => line,
+        };
+        let mut w = line.split_whitespace();
+        if w.next() != Some("BENCH") {
+            continue;
+        }
+        let which = w.next();
+        let ticks: f64 = w.next().and_then(|t| t.parse().ok()).unwrap_or(0.0);
+        match which {
+            Some("vpmu") => vpmu.push(ticks),
+            Some("null") => null.push(ticks),
+            Some("loop") => looped.push(ticks),
+            _ => {}
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    (med(&mut vpmu), med(&mut null), med(&mut looped))
 }
