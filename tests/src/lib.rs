@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod c_build;
+pub mod oracle;
 pub mod pattern_page;
 pub mod sim;
 pub mod smp;

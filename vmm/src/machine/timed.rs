@@ -2,7 +2,8 @@
 //! reference cycles; the overflow deadline is computed arithmetically by the model
 //! (`SoftwarePmu::cycles_until_pmi`: the distance of each interrupting cycles counter to its
 //! wrap), with no copy of the model and no search. The bisection on copies of the model it
-//! replaced (13–22 k instructions per entry) is kept below as the tests' oracle.
+//! replaced (13–22 k instructions per entry) is the tests' oracle, `vpmu_tests::oracle`;
+//! `cargo bench -p vpmu-tests --bench hot_paths` compares the two.
 
 use std::io;
 use std::time::Duration;
@@ -53,40 +54,13 @@ impl<P: Personality> Runner<'_, P> {
     }
 }
 
-/// After how many core/reference cycles in `mode` `model` raises its PMI line (None: never
-/// within 2^48 cycles), found by bisection on copies of the model: the definition the
-/// model's arithmetic answer is checked against.
-#[cfg(test)]
-pub(super) fn cycles_until_pmi<M: SoftwarePmu + Clone>(model: &M, mode: ExecMode) -> Option<u64> {
-    let raises = |cycles: u64| {
-        let mut m = model.clone();
-        m.take_pmi();
-        m.count(HwEvent::CoreCycles, cycles, mode);
-        m.count(HwEvent::RefCycles, cycles, mode);
-        m.pmi_pending()
-    };
-    let (mut lo, mut hi) = (0u64, 1u64 << 48);
-    if !raises(hi) {
-        return None;
-    }
-    // Invariant: raises(hi) and !raises(lo) (0 cycles raise nothing new).
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if raises(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Some(hi)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::personality::{Amd, Intel, Source};
     use vpmu::{Msr, MsrBus};
     use vpmu_amd::PmuShape;
+    use vpmu_tests::oracle::bisect_cycles_until_pmi as cycles_until_pmi;
 
     const KERNEL: ExecMode = ExecMode {
         cpl: 0,
