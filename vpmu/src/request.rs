@@ -209,6 +209,22 @@ impl<B: PmuBackend> Vpmu<B> {
         features: u64,
         exclusive: bool,
     ) -> Result<Completion, ChangeRefused> {
+        self.commit_and_announce(platform, pcpu, vcpus, mode, features, exclusive, false)
+    }
+
+    /// Commits the policy (`mode`, `features`) as a new epoch, unless it is the one in force
+    /// and `even_if_same` is false, and starts every pCPU catching up with it.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_and_announce<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+        mode: Mode,
+        features: u64,
+        exclusive: bool,
+        even_if_same: bool,
+    ) -> Result<Completion, ChangeRefused> {
         let committed = {
             let _control = self.control.lock();
             if self.change_in_progress() {
@@ -217,7 +233,7 @@ impl<B: PmuBackend> Vpmu<B> {
                 return Err(ChangeRefused::InProgress);
             }
             let old = self.policy();
-            if old.mode == mode && old.features == features {
+            if !even_if_same && old.mode == mode && old.features == features {
                 return Ok(Completion::Done);
             }
             self.commit_policy(mode, features, exclusive)
@@ -238,17 +254,10 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpus: &T,
     ) -> Result<Completion, ChangeRefused> {
-        let committed = {
-            let _control = self.control.lock();
-            if self.change_in_progress() {
-                return Err(ChangeRefused::InProgress);
-            }
-            let old = self.policy();
-            self.commit_policy(old.mode, old.features, false)
-                .ok_or(ChangeRefused::InUse)?
-        };
-        self.announce(platform, pcpu, vcpus, committed)
-            .map_err(ChangeRefused::Fault)
+        // The filter is the platform's: the same mode and features make a new epoch all the
+        // same, so that every context is judged again.
+        let old = self.policy();
+        self.commit_and_announce(platform, pcpu, vcpus, old.mode, old.features, false, true)
     }
 
     fn announce<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(

@@ -262,40 +262,41 @@ impl<V: SimVendor> Machine<V> {
 
     /// A guest RDMSR by `vcpu` (on the pCPU it runs on).
     pub fn rdmsr(&mut self, vcpu: VcpuId, msr: u32) -> MsrOutcome<u64> {
-        let pcpu = self.pcpu_of(vcpu);
-        self.complete_requests(pcpu);
-        self.platform.calling_pcpu = Some(pcpu);
-        let cell = &self.vcpus.domains[vcpu.domain as usize][vcpu.vcpu as usize];
-        let outcome = self
-            .vpmu
-            .rdmsr(
-                &mut self.platform,
-                &mut self.pcpus[pcpu as usize],
-                &mut cell.borrow_mut(),
-                Msr(msr),
-            )
-            .expect("the backend never makes the model fault");
-        self.platform.calling_pcpu = None;
-        self.deliver_requests();
-        outcome
+        self.intercept(vcpu, |vpmu, platform, pcpu, v| {
+            vpmu.rdmsr(platform, pcpu, v, Msr(msr))
+        })
     }
 
     /// A guest WRMSR by `vcpu` (on the pCPU it runs on).
     pub fn wrmsr(&mut self, vcpu: VcpuId, msr: u32, value: u64) -> MsrOutcome<()> {
+        self.intercept(vcpu, |vpmu, platform, pcpu, v| {
+            vpmu.wrmsr(platform, pcpu, v, Msr(msr), value)
+        })
+    }
+
+    /// An intercept by `vcpu` on the pCPU it runs on, between the request deliveries a
+    /// hypervisor makes around guest entries.
+    fn intercept<R>(
+        &mut self,
+        vcpu: VcpuId,
+        call: impl FnOnce(
+            &Vpmu<V::Backend>,
+            &mut SimPlatform,
+            &mut PcpuPmu<Ctx<V>, V::Model>,
+            &mut VcpuPmu<Ctx<V>>,
+        ) -> Result<R, vpmu::CoreError>,
+    ) -> R {
         let pcpu = self.pcpu_of(vcpu);
         self.complete_requests(pcpu);
         self.platform.calling_pcpu = Some(pcpu);
         let cell = &self.vcpus.domains[vcpu.domain as usize][vcpu.vcpu as usize];
-        let outcome = self
-            .vpmu
-            .wrmsr(
-                &mut self.platform,
-                &mut self.pcpus[pcpu as usize],
-                &mut cell.borrow_mut(),
-                Msr(msr),
-                value,
-            )
-            .expect("the backend never makes the model fault");
+        let outcome = call(
+            &self.vpmu,
+            &mut self.platform,
+            &mut self.pcpus[pcpu as usize],
+            &mut cell.borrow_mut(),
+        )
+        .expect("the backend never makes the model fault");
         self.platform.calling_pcpu = None;
         self.deliver_requests();
         outcome
