@@ -239,7 +239,6 @@ fn phantom_pmi<V: SimVendor>(vendor: V) {
 
 /// Bug 2.
 #[test]
-#[ignore = "core bug 2 (module documentation): an overflow without interrupt becomes a PMI at the next save"]
 fn an_overflow_with_its_interrupt_disabled_never_becomes_a_pmi() {
     phantom_pmi(intel_v5());
     phantom_pmi(intel_v2());
@@ -269,7 +268,6 @@ fn second_overflow_lost<V: SimVendor>(vendor: V) {
 
 /// Bug 3.
 #[test]
-#[ignore = "core bug 3 (module documentation): a second unacknowledged overflow is lost at switch-out"]
 fn an_overflow_before_the_previous_one_is_acknowledged_is_kept_at_switch_out() {
     second_overflow_lost(intel_v5());
     second_overflow_lost(intel_v2());

@@ -115,7 +115,9 @@ impl AmdBackend {
         Ok(overflowed)
     }
 
-    /// The counters `overflowed`, and whether any has INT as the guest programmed it.
+    /// The counters `overflowed`, and whether any has INT as the guest programmed it. The
+    /// controls now stand for the controls at the overflow: a control write that sets INT
+    /// retires the overflows found before it ([`AmdBackend::retire_silent_overflow`]).
     fn overflow_of(&self, ctx: &AmdContext, overflowed: u8) -> Overflow {
         let interrupt = self
             .indices(overflowed)
@@ -126,14 +128,57 @@ impl AmdBackend {
         }
     }
 
-    fn write_control<B: MsrBus>(
+    /// Called before a control write sets INT on counter `index`. An overflow that already
+    /// happened raised no PMI, as INT was clear: it is retired so that it never becomes one
+    /// (the guest still sees it). PerfMonV2, live: its hardware status bit is recorded in the
+    /// virtual status and acknowledged, so that a hardware status bit of a counter with INT
+    /// always means an overflow that raised a PMI. Before PerfMonV2: an armed counter that
+    /// already wrapped (top bit clear) is disarmed. `hw` as for `guest_write`.
+    fn retire_silent_overflow<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
         hw: Option<&mut B>,
         index: u32,
+    ) -> Result<(), MsrFault> {
+        let live = match hw {
+            Some(hw) if ctx.is_live(index) => hw,
+            // Not on the hardware: the context's value is current, and the hardware status
+            // holds nothing of this counter (it is clean between contexts).
+            _ => {
+                if !self.pmu.has_perfmon_v2()
+                    && ctx.counter(index).is_some_and(|v| v & COUNTER_TOP_BIT == 0)
+                {
+                    ctx.armed &= !bit(index);
+                }
+                return Ok(());
+            }
+        };
+        if self.pmu.has_perfmon_v2() {
+            let silent = live.read(Msr(GLOBAL_STATUS))? & u64::from(bit(index));
+            if silent != 0 {
+                live.write(Msr(GLOBAL_STATUS_CLR), silent)?;
+                ctx.global_status |= silent;
+            }
+        } else if ctx.armed & bit(index) != 0
+            && live.read(self.pmu.counter_msr(index))? & COUNTER_TOP_BIT == 0
+        {
+            ctx.armed &= !bit(index);
+        }
+        Ok(())
+    }
+
+    fn write_control<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        mut hw: Option<&mut B>,
+        index: u32,
         control: policy::Control,
     ) -> Result<(), MsrFault> {
         let i = index as usize;
+        let previous = ctx.control(index).unwrap_or(0);
+        if previous & ctl::INT == 0 && control.guest & ctl::INT != 0 {
+            self.retire_silent_overflow(ctx, hw.as_deref_mut(), index)?;
+        }
         let starts = control.hardware & ctl::EN != 0;
         let counter = ctx.counter(index).unwrap_or(0);
         match hw {
@@ -294,7 +339,9 @@ impl PmuBackend for AmdBackend {
     /// collected as a PMI would: PerfMonV2's hardware status folded into the virtual one and
     /// cleared only if non-zero; before PerfMonV2 the top-bit rule applied to the values just
     /// read (disarming what it finds, so the wrap is reported once, here or at a PMI). Returns
-    /// the overflows not already in the virtual status. Nothing live: no access at all.
+    /// every overflow found, as a PMI would: one already in the virtual status (the guest has
+    /// not acknowledged it yet) that happened again raised a PMI again. Nothing live: no access
+    /// at all.
     fn save<B: MsrBus>(&self, ctx: &mut AmdContext, hw: &mut B) -> Result<Overflow, MsrFault> {
         if ctx.live == 0 {
             return Ok(Overflow::default());
@@ -313,10 +360,9 @@ impl PmuBackend for AmdBackend {
                 *slot = value;
             }
         }
-        let recorded = ctx.global_status;
         let found = self.collect_overflows(ctx, hw, CounterValues::Saved)?;
         ctx.live = ctx.enabled_on_hardware();
-        Ok(self.overflow_of(ctx, found & !(recorded as u8)))
+        Ok(self.overflow_of(ctx, found))
     }
 
     /// Counters, then controls, then GlobalCtl — only for live counters. The virtual status

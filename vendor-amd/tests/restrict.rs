@@ -61,7 +61,7 @@ fn perfmon_v2_save_reports_a_pending_interrupting_overflow_once() {
 }
 
 #[test]
-fn perfmon_v2_save_reports_nothing_already_recorded() {
+fn perfmon_v2_save_reports_a_wrap_again_before_the_guest_acknowledged_the_first() {
     let mut vcpu = Vcpu::new(V2);
     vcpu.set(ext_ctr(0), MASK48);
     vcpu.set(ext_ctl(0), EN | OS | INT | INSTRUCTIONS);
@@ -76,13 +76,68 @@ fn perfmon_v2_save_reports_nothing_already_recorded() {
         Overflow::default(),
         "handled at the PMI"
     );
-    // The guest has not cleared bit 0 when the counter wraps again.
+    // The guest has not cleared bit 0 when the counter wraps again: the hardware raises a PMI
+    // all the same, and the switch-out must keep it.
     vcpu.load();
     vcpu.set(ext_ctr(0), MASK48);
     vcpu.run(HwEvent::Instructions, 1, KERNEL);
-    assert_eq!(vcpu.save_overflow(), Overflow::default());
+    assert!(vcpu.hw.pmi_pending());
+    assert_eq!(
+        vcpu.save_overflow(),
+        Overflow {
+            counters: CounterSet(0b1),
+            interrupt: true
+        }
+    );
     assert_eq!(vcpu.ctx.global_status(), 0b1);
     assert!(vcpu.hardware_is_clean());
+}
+
+/// A wrap while INT was clear raised no PMI; setting INT afterwards (loaded or saved) must not
+/// turn it into one, at a save or at another counter's PMI, and the guest still sees it.
+#[test]
+fn a_wrap_without_int_never_becomes_an_interrupt_once_int_is_set() {
+    for shape in [V2, PmuShape::LegacyK7, PmuShape::PerfCtrExtCore] {
+        for set_while_loaded in [true, false] {
+            let mut vcpu = Vcpu::new(shape);
+            vcpu.set(ctr_msr(shape, 0), MASK48);
+            vcpu.set(ctl_msr(shape, 0), EN | OS | INSTRUCTIONS);
+            vcpu.run(HwEvent::Instructions, 1, KERNEL);
+            assert!(!vcpu.hw.pmi_pending(), "{shape:?}");
+            if !set_while_loaded {
+                vcpu.save_overflow();
+            }
+            vcpu.set(ctl_msr(shape, 0), EN | OS | INT | INSTRUCTIONS);
+            if !set_while_loaded {
+                vcpu.load();
+            }
+            let at_pmi = vcpu
+                .backend
+                .handle_overflow(&mut vcpu.ctx, &mut vcpu.hw)
+                .unwrap();
+            assert!(!at_pmi.interrupt, "{shape:?}, loaded {set_while_loaded}");
+            let saved = vcpu.save_overflow();
+            assert!(!saved.interrupt, "{shape:?}, loaded {set_while_loaded}");
+            if shape == V2 {
+                assert_eq!(vcpu.ctx.global_status(), 0b1, "the guest still sees it");
+            }
+            assert!(vcpu.hardware_is_clean(), "{shape:?}");
+
+            // It still interrupts for a wrap after INT was set.
+            vcpu.load();
+            vcpu.set(ctr_msr(shape, 0), MASK48);
+            vcpu.run(HwEvent::Instructions, 1, KERNEL);
+            assert!(vcpu.hw.pmi_pending(), "{shape:?}");
+            assert_eq!(
+                vcpu.save_overflow(),
+                Overflow {
+                    counters: CounterSet(0b1),
+                    interrupt: true
+                },
+                "{shape:?}, loaded {set_while_loaded}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -12,7 +12,7 @@ use crate::backend::IntelPmu;
 use crate::caps::PERF_CAP_FW_WRITES;
 use crate::context::IntelContext;
 use crate::msrs::{
-    CounterAlias, IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_CTRL,
+    CounterAlias, EVTSEL_INT, FIXED_PMI, IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_CTRL,
     IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IntelMsr, fixed_counter, fixed_nibble,
     full_width_counter, legacy_counter,
 };
@@ -271,11 +271,21 @@ impl IntelPmu {
     fn write_event_select<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
-        hw: Option<&mut B>,
+        mut hw: Option<&mut B>,
         index: u32,
         value: u64,
         hardware: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
+        let Some(&previous) = ctx.event_selects.get(index as usize) else {
+            return Ok(GP);
+        };
+        let counter = CounterSet::gp(index);
+        if let Some(hw) = hw.as_deref_mut() {
+            // An overflow before this write raised no PMI, and must not raise one later.
+            if previous & EVTSEL_INT == 0 && value & EVTSEL_INT != 0 {
+                self.retire_silent_overflows(ctx, hw, counter)?;
+            }
+        }
         let (Some(guest_slot), Some(hw_slot)) = (
             ctx.event_selects.get_mut(index as usize),
             ctx.event_selects_hw.get_mut(index as usize),
@@ -284,7 +294,6 @@ impl IntelPmu {
         };
         *guest_slot = value;
         *hw_slot = hardware;
-        let counter = CounterSet::gp(index);
         match hw {
             None => ctx.recompute_in_use(),
             Some(hw) => {
@@ -304,10 +313,19 @@ impl IntelPmu {
     fn write_fixed_ctrl<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
-        hw: Option<&mut B>,
+        mut hw: Option<&mut B>,
         value: u64,
         hardware: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
+        if let Some(hw) = hw.as_deref_mut() {
+            let interrupt_on = indices(self.caps.fixed_counters())
+                .filter(|&i| {
+                    fixed_nibble(ctx.fixed_ctrl, i) & FIXED_PMI == 0
+                        && fixed_nibble(value, i) & FIXED_PMI != 0
+                })
+                .fold(CounterSet::EMPTY, |set, i| set.union(CounterSet::fixed(i)));
+            self.retire_silent_overflows(ctx, hw, interrupt_on)?;
+        }
         ctx.fixed_ctrl = value;
         ctx.fixed_ctrl_hw = hardware;
         match hw {

@@ -8,8 +8,17 @@
 //! hardware's bits into it and acknowledge them; load never writes status back (no
 //! GLOBAL_STATUS_SET), so it works the same on v2–v5 and never re-raises an overflow the guest
 //! was already told about. Guest reads combine the virtual status with the live one.
+//!
+//! A PMI is due for exactly the overflows that happen while their interrupt is enabled. The
+//! hardware status bits of a loaded context are the overflows since it was loaded or since they
+//! were last acknowledged (at a PMI, by the guest, or when a control write enables the
+//! interrupt of an overflowed counter), so judged by the controls in force they are exactly
+//! the PMIs raised and not yet handled, whether or not the virtual status already holds them.
+//! Only a guest that disables the interrupt, or acknowledges the overflow, after an overflow
+//! but before its PMI is taken loses that PMI (real hardware has raised it already); the guest
+//! runs in that window only for the PMI's skid.
 
-use vpmu::{Msr, MsrBus, MsrFault, Overflow};
+use vpmu::{CounterSet, Msr, MsrBus, MsrFault, Overflow};
 
 use crate::access::indices;
 use crate::backend::IntelPmu;
@@ -21,8 +30,10 @@ use crate::msrs::{
 };
 
 impl IntelPmu {
-    /// Stops and saves the context; returns the overflows this save found on the hardware
-    /// that the virtual status did not already hold (a PMI raised and not yet handled).
+    /// Stops and saves the context; returns every overflow this save found on the hardware: a
+    /// PMI raised and not yet handled. Whether the virtual status already held the counter's
+    /// bit does not matter: a counter that overflows again before the guest acknowledged the
+    /// previous overflow raises a PMI as well.
     pub(crate) fn save_context<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -36,9 +47,8 @@ impl IntelPmu {
         if !live.is_empty() {
             hw.write(Msr(IA32_PERF_GLOBAL_CTRL), 0)?;
         }
-        let before = ctx.global_status;
         let recorded = self.fold_status(ctx, hw)?;
-        let overflow = self.overflow_of(ctx, recorded & !before);
+        let overflow = self.overflow_of(ctx, recorded);
         for index in indices(live.gp_bits()) {
             let value = hw.read(legacy_counter(index))? & self.caps.gp_value_mask();
             if let Some(slot) = ctx.gp_counters.get_mut(index as usize) {
@@ -117,9 +127,37 @@ impl IntelPmu {
         Ok(self.overflow_of(ctx, recorded))
     }
 
+    /// Called, with `ctx` loaded, before a control write turns the interrupt on for `counters`.
+    /// An overflow already on the hardware for one of them happened with the interrupt off and
+    /// raised no PMI: it is recorded in the virtual status (the guest still sees it) and
+    /// acknowledged now, so that a hardware status bit of a counter whose interrupt is enabled
+    /// always means an overflow that raised a PMI (what `save` and `collect_overflow` rely
+    /// on).
+    pub(crate) fn retire_silent_overflows<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: &mut B,
+        counters: CounterSet,
+    ) -> Result<(), MsrFault> {
+        // A counter not in use has not counted for this context since it was loaded, and the
+        // hardware status is clean between contexts.
+        let live = counters.0 & ctx.in_use.0;
+        if live == 0 {
+            return Ok(());
+        }
+        let silent = hw.read(Msr(IA32_PERF_GLOBAL_STATUS))? & live;
+        if silent != 0 {
+            ctx.global_status |= silent;
+            hw.write(Msr(IA32_PERF_GLOBAL_OVF_CTRL), silent)?;
+        }
+        Ok(())
+    }
+
     /// The counters of the GLOBAL_STATUS bits `recorded` (OvfBuffer and CondChgd dropped), and
     /// whether any of them has its interrupt enabled as the guest programmed it (EVTSEL INT,
-    /// the fixed nibble's PMI bit).
+    /// the fixed nibble's PMI bit). The controls now stand for the controls at the overflow:
+    /// a control write that enables the interrupt retires the overflows found before it
+    /// ([`IntelPmu::retire_silent_overflows`]).
     fn overflow_of(&self, ctx: &IntelContext, recorded: u64) -> Overflow {
         let counters = self.rules.status_counters(recorded);
         let gp_interrupt = indices(counters.gp_bits()).any(|i| {

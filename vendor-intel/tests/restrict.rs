@@ -94,7 +94,7 @@ fn save_reports_fixed_counters_and_interrupt_only_with_the_pmi_bit() {
 }
 
 #[test]
-fn save_reports_nothing_already_recorded() {
+fn save_reports_a_wrap_again_before_the_guest_acknowledged_the_first() {
     let mut m = Machine::v5();
     let mut vcpu = m.vcpu();
     m.load(&mut vcpu);
@@ -112,12 +112,81 @@ fn save_reports_nothing_already_recorded() {
     assert_eq!(at_pmi.counters, CounterSet::gp(0));
     assert_eq!(m.save(&mut vcpu), Overflow::default(), "handled at the PMI");
 
-    // The guest has not cleared bit 0 when the counter wraps again.
+    // The guest has not cleared bit 0 when the counter wraps again: the hardware raises a PMI
+    // all the same, and the switch-out must keep it.
     m.load(&mut vcpu);
     m.set(&mut vcpu, A_PMC0, (1 << 48) - 1);
     m.run(HwEvent::Instructions, 1, KERNEL);
-    assert_eq!(m.save(&mut vcpu), Overflow::default());
+    assert!(m.hw.pmi_pending());
+    assert_eq!(
+        m.save(&mut vcpu),
+        Overflow {
+            counters: CounterSet::gp(0),
+            interrupt: true,
+        }
+    );
     assert_eq!(vcpu.ctx.virtual_status(), 1);
+}
+
+/// A wrap while the interrupt was disabled raised no PMI; enabling the interrupt afterwards
+/// (loaded or saved, GP or fixed) must not turn it into one, at a save or at another counter's
+/// PMI, and the guest still sees its status bit.
+#[test]
+fn a_wrap_without_interrupt_never_becomes_one_once_it_is_enabled() {
+    let fixed1 = FIXED_CTR0 + 1;
+    for enable_while_loaded in [true, false] {
+        let mut m = Machine::v5();
+        let mut vcpu = m.vcpu();
+        m.load(&mut vcpu);
+        m.set(&mut vcpu, A_PMC0, (1 << 48) - 1);
+        m.set(&mut vcpu, EVTSEL0, ENABLE_ALL_RINGS | INSTRUCTIONS);
+        m.set(&mut vcpu, fixed1, (1 << 48) - 1);
+        m.set(&mut vcpu, FIXED_CTR_CTRL, 0x30);
+        m.set(&mut vcpu, GLOBAL_CTRL, 0x2_0000_0001);
+        m.run(HwEvent::Instructions, 1, KERNEL);
+        m.run(HwEvent::CoreCycles, 1, KERNEL);
+        assert!(!m.hw.pmi_pending());
+        if !enable_while_loaded {
+            m.save(&mut vcpu);
+        }
+        m.set(
+            &mut vcpu,
+            EVTSEL0,
+            ENABLE_ALL_RINGS | EVTSEL_INT | INSTRUCTIONS,
+        );
+        m.set(&mut vcpu, FIXED_CTR_CTRL, 0xb0);
+        if !enable_while_loaded {
+            m.load(&mut vcpu);
+        }
+        let at_pmi = m
+            .pmu
+            .handle_overflow(&mut vcpu.ctx, &mut m.hw)
+            .expect("pmi");
+        assert!(!at_pmi.interrupt, "loaded {enable_while_loaded}");
+        let saved = m.save(&mut vcpu);
+        assert!(!saved.interrupt, "loaded {enable_while_loaded}");
+        assert_eq!(
+            vcpu.ctx.virtual_status(),
+            0x2_0000_0001,
+            "the guest still sees them"
+        );
+
+        // They still interrupt for a wrap after the interrupt was enabled.
+        m.load(&mut vcpu);
+        m.set(&mut vcpu, A_PMC0, (1 << 48) - 1);
+        m.set(&mut vcpu, fixed1, (1 << 48) - 1);
+        m.run(HwEvent::Instructions, 1, KERNEL);
+        m.run(HwEvent::CoreCycles, 1, KERNEL);
+        assert!(m.hw.pmi_pending());
+        assert_eq!(
+            m.save(&mut vcpu),
+            Overflow {
+                counters: CounterSet(0x2_0000_0001),
+                interrupt: true,
+            },
+            "loaded {enable_while_loaded}"
+        );
+    }
 }
 
 #[test]

@@ -272,10 +272,13 @@ pub trait PmuBackend {
     /// leaving the hardware clean (no counter enabled, no control left programmed) for the next
     /// owner. Touches only the registers the context uses.
     ///
-    /// Returns the overflows found on the hardware and folded into the context's virtual
-    /// status by this save (none already recorded before it), with `interrupt` set if any of
-    /// them has its interrupt enabled: a PMI raised but not yet handled when the vCPU was
-    /// switched out, which the core keeps pending and delivers when the vCPU next runs.
+    /// Returns every overflow found on the hardware (folded into the context's virtual
+    /// status), with `interrupt` set if any of them has its interrupt enabled: a PMI raised but
+    /// not yet handled when the vCPU was switched out, which the core keeps pending and
+    /// delivers when the vCPU next runs. A hardware status bit of a counter with its interrupt
+    /// enabled always means an overflow that happened with it enabled: a backend acknowledges
+    /// a silent overflow when the guest turns the interrupt on, as a new overflow of a counter
+    /// whose previous one the guest has not acknowledged must interrupt again.
     fn save<B: MsrBus>(&self, ctx: &mut Self::Context, hw: &mut B) -> Result<Overflow, MsrFault>;
 
     /// Programs clean hardware with `ctx`: values and controls first, global enables last.
