@@ -194,6 +194,9 @@ impl<B: PmuBackend> Vpmu<B> {
             // A privileged vCPU running here picks its saved context up again.
             self.settle(platform, now, vcpu);
             self.load_if_active(platform, now, pcpu, vcpu)?;
+            // It keeps running: an overflow the save above found is due now (or, in a mode
+            // without contexts, gone with its vPMU), not at its next switch-in.
+            self.deliver_pending(platform, pcpu, vcpu)?;
         }
         Ok(())
     }
