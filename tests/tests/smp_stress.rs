@@ -26,7 +26,7 @@
 //!    shapes.
 //! 5. Open: the full workload (no avoidance) still finds, rarely, an overflow neither kept
 //!    pending nor routed when a privileged vCPU is switched out: Intel v5, `STRESS_SEED=0x16
-//!    STRESS_ITERS=100000`, release build (1 failing seed in 14 tried; the other vendors'
+//!    STRESS_ITERS=100000`, release build (1 failing run of the 6 seeds tried; the other vendors'
 //!    full workloads passed every seed tried). The full-workload tests stay ignored until it is
 //!    understood.
 
