@@ -45,6 +45,10 @@ const AMD_V2: Registers = Registers {
     global: Some(0xc000_0301),
 };
 
+/// A value alone on its cache lines (two, for the adjacent-line prefetcher).
+#[repr(align(128))]
+struct Padded<T>(T);
+
 /// How the threads reach the core.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Locking {
@@ -66,8 +70,10 @@ where
     let vpmu = Vpmu::new(vendor.backend(), Mode::SelfProfiling, threads);
     assert_eq!(vpmu.mode().to_abi(), XENPMU_MODE_SELF);
     let shared = Shared::new(threads, &[1, threads], 0, true);
-    let vcpus: Vec<Mutex<_>> = (0..threads)
-        .map(|v| Mutex::new(vpmu.new_vcpu(VcpuId { domain: 1, vcpu: v })))
+    // Each vCPU on cache lines of its own, as a hypervisor's per-vCPU structures are: a
+    // neighbour's lock word next to this vCPU's statistics would be measured as the core's.
+    let vcpus: Vec<Padded<Mutex<_>>> = (0..threads)
+        .map(|v| Padded(Mutex::new(vpmu.new_vcpu(VcpuId { domain: 1, vcpu: v }))))
         .collect();
     let global = Mutex::new(());
     let start = Barrier::new(threads as usize);
@@ -80,7 +86,7 @@ where
                     let bus = OwnedBus::new(p, vendor.model());
                     let mut pcpu = vpmu.attach_pcpu(p, bus).expect("clean model");
                     let mut platform = PcpuPlatform::new(shared, p, Rng::new(0, u64::from(p)));
-                    let vcpu = &vcpus[p as usize];
+                    let vcpu = &vcpus[p as usize].0;
                     let mut call = |f: &mut dyn FnMut(&mut PcpuPlatform, &mut _, &mut _)| {
                         let _global = (locking == Locking::Global).then(|| global.lock().unwrap());
                         f(&mut platform, &mut pcpu, &mut vcpu.lock().unwrap());
