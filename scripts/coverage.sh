@@ -31,7 +31,7 @@ export VPMU_COVERAGE_CRATES="vpmu vpmu_abi vpmu_intel vpmu_amd minicov"
 # changing the crate list does not trigger rebuilds by itself).
 export CARGO_TARGET_DIR="${VPMU_COVERAGE_TARGET_DIR:-$PWD/target/coverage}"
 # Cargo's fingerprints do not see what the wrapper adds: rebuild the instrumented crates.
-cargo clean --release -q -p vpmu -p vpmu-abi -p vpmu-intel -p vpmu-amd -p vpmu-vmm -p minicov \
+cargo clean --release -q -p vpmu -p vpmu-abi -p vpmu-intel -p vpmu-amd -p vpmu-cli -p vpmu-machine -p minicov \
     2>/dev/null || true
-cargo build --release -p vpmu-vmm --features coverage
+cargo build --release -p vpmu-cli --features coverage
 "$CARGO_TARGET_DIR/release/vpmu" coverage --out "$out"

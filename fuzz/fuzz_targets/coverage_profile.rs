@@ -1,4 +1,4 @@
-//! The raw-profile parser of `vpmu coverage` (`vmm/src/coverage/profraw.rs`): the profile comes
+//! The raw-profile parser of `vpmu coverage` (`vpmu_coverage::profraw`, vmm/coverage): the profile comes
 //! out of a guest's buffer, written by whatever hypervisor answered `XENPMU_OP_COVERAGE`;
 //! whatever its bytes, parsing returns a profile or an error and never panics, and a parsed
 //! profile's accessors stay consistent.
@@ -6,12 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code)]
-#[path = "vmm_profile.rs"]
-mod profile;
-#[allow(dead_code)]
-#[path = "vmm_coverage.rs"]
-mod coverage;
+use vpmu_coverage as coverage;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(p) = coverage::profraw::RawProfile::parse(data) {

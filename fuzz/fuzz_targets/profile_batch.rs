@@ -1,4 +1,4 @@
-//! `vpmu profile`'s sample-batch decoder (`vmm/src/profile/protocol.rs`): a guest (perhaps a
+//! `vpmu profile`'s sample-batch decoder (`vpmu_profile::protocol`, vmm/profile): a guest (perhaps a
 //! user's ELF) ships batches over the batch port; whatever their bytes, decoding returns the
 //! samples or an error and never panics. The input is split into batches at 0xff 0xfe markers
 //! so that sequences of several batches are explored too.
@@ -6,12 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code)]
-#[path = "vmm_profile.rs"]
-mod profile;
-#[allow(dead_code)]
-#[path = "vmm_coverage.rs"]
-mod coverage;
+use vpmu_profile as profile;
 
 fuzz_target!(|data: &[u8]| {
     let batches: Vec<Vec<u8>> = data

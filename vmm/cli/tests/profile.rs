@@ -1,0 +1,236 @@
+//! Runs `vpmu profile` end to end on KVM: the default (all mode with the self-mode
+//! comparison, Intel) and hv mode (AMD), and checks the exit status, the report, the
+//! validation results in the JSON and the flamegraph. Without a usable /dev/kvm the binary
+//! exits with 77 and this test says so loudly and passes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SKIP: i32 = 77;
+
+fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vpmu-profile-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Runs `vpmu profile ARGS --out DIR --quiet`; None if KVM is missing (said loudly).
+fn profile(args: &[&str], out: &Path) -> Option<(serde_json::Value, String)> {
+    let result = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .arg("profile")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .arg("--quiet")
+        .output()
+        .expect("run the vpmu binary");
+    let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    if result.status.code() == Some(SKIP) {
+        let line = format!(
+            "SKIPPED: /dev/kvm not available: vpmu profile {} did not run ({})",
+            args.join(" "),
+            stderr.trim()
+        );
+        eprintln!("{line}");
+        println!("{line}");
+        return None;
+    }
+    println!("{stdout}");
+    assert!(
+        result.status.success(),
+        "vpmu profile {} failed ({}):\n{stdout}\n{stderr}",
+        args.join(" "),
+        result.status
+    );
+    let json = std::fs::read_to_string(out.join("profile.json")).expect("profile.json written");
+    let doc = serde_json::from_str(&json).expect("profile.json is JSON");
+    Some((doc, stdout))
+}
+
+fn check_names(doc: &serde_json::Value) -> Vec<(String, bool)> {
+    doc["report"]["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().expect("name").to_string(),
+                c["passed"].as_bool().expect("passed"),
+            )
+        })
+        .collect()
+}
+
+fn domain<'a>(doc: &'a serde_json::Value, origin: &serde_json::Value) -> &'a serde_json::Value {
+    doc["report"]["domains"]
+        .as_array()
+        .expect("domains")
+        .iter()
+        .find(|d| &d["origin"] == origin)
+        .expect("the domain is in the report")
+}
+
+/// The default (all mode, the built-in workloads, the seed-002 comparison), sampling longer
+/// than the default 5 s: ~1700 samples per workload domain put the ±5-point share checks at
+/// four standard deviations even in a debug build (a flaky test helps nobody).
+fn default_all_mode() {
+    let out = out_dir("all");
+    let Some((doc, stdout)) = profile(&["--duration", "8"], &out) else {
+        return;
+    };
+    let checks = check_names(&doc);
+    for (name, passed) in &checks {
+        assert!(passed, "check failed: {name}");
+    }
+    let has = |prefix: &str| checks.iter().filter(|(n, _)| n.starts_with(prefix)).count();
+    assert_eq!(has("attribution 100 %"), 1, "{checks:?}");
+    assert_eq!(has("self-mode run: attribution 100 %"), 1, "{checks:?}");
+    assert_eq!(
+        has("dom"),
+        3,
+        "a share check per workload domain: {checks:?}"
+    );
+    assert_eq!(
+        has("seed 002"),
+        3,
+        "a seed-002 check per workload domain: {checks:?}"
+    );
+    // Every workload domain was sampled, its top function is its heaviest by construction.
+    for (d, top) in [(1, "w1_deflate"), (2, "w2_lookup"), (3, "w3_merge")] {
+        let dom = domain(&doc, &serde_json::json!({ "Domain": d }));
+        assert!(dom["samples"].as_u64().expect("samples") > 500, "{dom}");
+        assert_eq!(dom["functions"][0]["name"], top, "{dom}");
+        // Both vCPUs of the domain (the default is two) were sampled and told apart.
+        for v in ["0", "1"] {
+            assert!(
+                dom["vcpus"][v].as_u64().expect("per-vCPU count") > 200,
+                "{dom}"
+            );
+        }
+    }
+    let lines = std::fs::read_to_string(out.join("samples.jsonl")).expect("samples.jsonl");
+    let samples: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON sample"))
+        .collect();
+    let first = &samples[0];
+    assert!(
+        first["regs"]["r15"].is_string() && first["regs"]["rip"].is_string(),
+        "{first}"
+    );
+    // The default machine has two pCPUs, each profiled by its own profiler vCPU; vCPU i of a
+    // workload domain runs on pCPU i.
+    assert_eq!(doc["report"]["run"]["pcpus"], 2);
+    for pcpu in [0, 1] {
+        assert!(
+            samples.iter().any(|s| s["pcpu"] == pcpu),
+            "no sample of pCPU {pcpu}"
+        );
+    }
+    let profiler = serde_json::json!({ "Domain": 0 });
+    assert!(
+        samples
+            .iter()
+            .all(|s| s["origin"] == profiler || s["pcpu"] == s["vcpu"])
+    );
+    assert!(doc["delivery"]["delivered"].as_u64().expect("delivered") > 0);
+    assert!(doc["comparison"]["report"]["domains"].is_array());
+    let svg = std::fs::read_to_string(out.join("flamegraph.svg")).expect("flamegraph.svg");
+    assert!(svg.contains("<svg") && svg.contains("w2_lookup"));
+    let text = std::fs::read_to_string(out.join("report.txt")).expect("report.txt");
+    assert_eq!(
+        text,
+        stdout
+            .lines()
+            .take_while(|l| !l.starts_with("wrote "))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// hv mode on the AMD personality: the workloads sample themselves, the profiler samples
+/// itself and the VMM, which appears as the hypervisor.
+fn hv_mode_amd() {
+    let out = out_dir("hv");
+    let Some((doc, _)) = profile(
+        &["--mode", "hv", "--vendor", "amd", "--duration", "8"],
+        &out,
+    ) else {
+        return;
+    };
+    for (name, passed) in check_names(&doc) {
+        assert!(passed, "check failed: {name}");
+    }
+    let hv = domain(&doc, &serde_json::json!("Hypervisor"));
+    assert!(hv["samples"].as_u64().expect("samples") > 0, "{hv}");
+    let top = hv["functions"][0]["name"].as_str().expect("a function");
+    assert!(top.starts_with("vmm_"), "{hv}");
+    assert!(doc["comparison"].is_null(), "no comparison run in hv mode");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// User guests: the example guest (`profile/example.c` of the vpmu-guests crate) in two domains,
+/// profiled passively and symbolized from its own ELF.
+fn user_guests() {
+    let out = out_dir("user");
+    let dir = out_dir("example-image");
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let example_path = dir.join("example.elf");
+    std::fs::write(&example_path, vpmu_guests::EXAMPLE).expect("write example.elf");
+    let example = example_path.to_str().expect("a UTF-8 temporary path");
+    let args = ["--guest", example, "--guest", example, "--duration", "3"];
+    let Some((doc, _)) = profile(&args, &out) else {
+        return;
+    };
+    let checks = check_names(&doc);
+    assert_eq!(
+        checks.len(),
+        1,
+        "only attribution without the built-in workloads: {checks:?}"
+    );
+    assert!(checks[0].1, "{checks:?}");
+    for d in [1, 2] {
+        let dom = domain(&doc, &serde_json::json!({ "Domain": d }));
+        assert_eq!(dom["name"], "example.elf", "{dom}");
+        assert_eq!(dom["functions"][0]["name"], "example_sort", "{dom}");
+        assert_eq!(dom["functions"][1]["name"], "example_hash", "{dom}");
+    }
+    assert!(
+        doc["comparison"].is_null(),
+        "no seed-002 run for user guests"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// One after the other: two profiles competing for the host's CPUs would skew both.
+#[test]
+fn profile_end_to_end() {
+    default_all_mode();
+    hv_mode_amd();
+    user_guests();
+}
+
+#[test]
+fn missing_kvm_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .args(["profile", "--quiet"])
+        .env("VPMU_KVM_DEVICE", "/nonexistent/kvm")
+        .output()
+        .expect("run the vpmu binary");
+    assert_eq!(out.status.code(), Some(SKIP));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/dev/kvm is not available"), "{stderr}");
+}
+
+#[test]
+fn bad_options_exit_2_with_usage() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .args(["profile", "--mode", "sideways"])
+        .output()
+        .expect("run the vpmu binary");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--mode sideways") && stderr.contains("usage: vpmu profile"));
+}

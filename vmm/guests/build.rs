@@ -1,0 +1,268 @@
+//! Builds the guest programs (freestanding C, 64-bit, CPL0) into static ELF executables in
+//! `OUT_DIR`, which `src/lib.rs` embeds with `include_bytes!` and the machine loads by their
+//! program headers. Nothing prebuilt is committed. Sources are grouped per consumer
+//! (`selftest/`, `profile/`, `coverage/`) beside the shared runtime (`runtime/`: entry, CPL3
+//! switch, console, IDT/LAPIC helpers and the guest's vPMU driver); a path in `PROGRAMS` is
+//! relative to this crate.
+//!
+//! `compat.elf` also holds a 32-bit consumer (`gcc -m32`, `compat32.c` with the ABI header
+//! `abi/include/xenpmu.h`), made flat and embedded at 0x200000. If `-m32` code cannot be
+//! built here (no gcc-multilib), `compat.elf` is left empty with a `cargo:warning`, and the
+//! selftest reports its case as SKIPPED.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The guest programs: each is its sources + the runtime (`rt.c`, `user.S`, `start.S`).
+const PROGRAMS: &[(&str, &[&str])] = &[
+    (
+        "pmu",
+        &[
+            "selftest/pmu.c",
+            "runtime/driver.c",
+            "selftest/timed.c",
+            "selftest/timed_user.c",
+            "selftest/workload.S",
+            "selftest/multi.c",
+            "selftest/all.c",
+            "selftest/all_work.S",
+        ],
+    ),
+    ("bench", &["selftest/bench.c"]),
+    // `vpmu profile`: the profiling domain and the workload domains.
+    (
+        "profiler",
+        &[
+            "profile/profiler.c",
+            "profile/sampler.c",
+            "runtime/driver.c",
+        ],
+    ),
+    (
+        "work",
+        &[
+            "profile/work.c",
+            "profile/work_loops.S",
+            "profile/sampler.c",
+            "runtime/driver.c",
+        ],
+    ),
+    // An example of a user's guest for `vpmu profile --guest` (used by the CLI's tests).
+    ("example", &["profile/example.c"]),
+    // `vpmu coverage`: reads the vPMU's coverage through XENPMU_OP_COVERAGE.
+    ("coverage", &["coverage/coverage.c"]),
+];
+
+/// Header directories: the runtime's, the consumers' and the ABI's.
+const INCLUDE_DIRS: &[&str] = &["runtime", "selftest", "profile", "../../abi/include"];
+
+/// An object file name for `src` unique across the groups (`selftest/pmu.c` -> `selftest_pmu.o`).
+fn object_name(src: &str) -> String {
+    Path::new(src)
+        .with_extension("o")
+        .to_string_lossy()
+        .replace('/', "_")
+}
+
+const CFLAGS: &[&str] = &[
+    "-m64",
+    "-ffreestanding",
+    "-nostdlib",
+    "-fno-pic",
+    "-static",
+    "-mgeneral-regs-only",
+    "-mno-red-zone",
+    "-O2",
+    "-fno-stack-protector",
+    "-fcf-protection=none",
+    "-fno-asynchronous-unwind-tables",
+    "-fno-builtin",
+    "-Wall",
+    "-Werror",
+];
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| {
+        panic!("cannot run {cmd:?}: {e} (the guest programs need gcc and binutils)")
+    });
+    assert!(status.success(), "{cmd:?} failed with {status}");
+}
+
+/// Flags of the 32-bit consumer (compatibility mode, CPL0).
+const CFLAGS32: &[&str] = &[
+    "-m32",
+    "-ffreestanding",
+    "-nostdlib",
+    "-fno-pic",
+    "-fno-pie",
+    "-static",
+    "-mgeneral-regs-only",
+    "-O2",
+    "-fno-stack-protector",
+    "-fcf-protection=none",
+    "-fno-asynchronous-unwind-tables",
+    "-fno-builtin",
+    "-Wall",
+    "-Werror",
+];
+
+fn compile(src: &Path, obj: &Path) {
+    let root = Path::new(&env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).to_path_buf();
+    let mut gcc = Command::new("gcc");
+    gcc.args(CFLAGS);
+    for dir in INCLUDE_DIRS {
+        gcc.arg("-I").arg(root.join(dir));
+    }
+    run(gcc.arg("-c").arg(src).arg("-o").arg(obj));
+}
+
+/// Runs `cmd`; an error message instead of a panic (for the optional 32-bit part).
+fn try_run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().next().unwrap_or("").to_string();
+        Err(format!("{cmd:?} failed with {}: {first}", out.status))
+    }
+}
+
+/// Builds the 32-bit consumer into a flat image (`compat32.bin`, linked at 0x200000).
+fn build_compat32(guest: &Path, abi_include: &Path, out: &Path) -> Result<PathBuf, String> {
+    let mut objs = Vec::new();
+    for src in ["selftest/start32.S", "selftest/compat32.c"] {
+        let obj = out.join(object_name(src).replace(".o", ".32.o"));
+        try_run(
+            Command::new("gcc")
+                .args(CFLAGS32)
+                .arg("-I")
+                .arg(abi_include)
+                .arg("-c")
+                .arg(guest.join(src))
+                .arg("-o")
+                .arg(&obj),
+        )?;
+        objs.push(obj);
+    }
+    let elf = out.join("compat32.elf");
+    try_run(
+        Command::new("ld")
+            .args(["-m", "elf_i386", "-static", "-nostdlib", "-T"])
+            .arg(guest.join("selftest/link32.ld"))
+            .arg("-o")
+            .arg(&elf)
+            .args(&objs),
+    )?;
+    let bin = out.join("compat32.bin");
+    try_run(
+        Command::new("objcopy")
+            .args(["-O", "binary"])
+            .arg(&elf)
+            .arg(&bin),
+    )?;
+    Ok(bin)
+}
+
+/// `compat.elf`: the 64-bit harness with the flat 32-bit consumer at 0x200000, or an empty
+/// file (with a warning) if the 32-bit consumer cannot be built.
+fn build_compat(guest: &Path, out: &Path, common: &[PathBuf]) {
+    let elf = out.join("compat.elf");
+    let abi_include = guest.join("../../abi/include");
+    for file in [
+        "compat.h",
+        "compat32.c",
+        "compat64.c",
+        "compat_window.S",
+        "start32.S",
+        "link32.ld",
+    ] {
+        println!("cargo:rerun-if-changed=selftest/{file}");
+    }
+    println!("cargo:rerun-if-changed=../../abi/include/xenpmu.h");
+    let bin = match build_compat32(guest, &abi_include, out) {
+        Ok(bin) => bin,
+        Err(e) => {
+            println!(
+                "cargo:warning=SKIPPED: the 32-bit compat consumer cannot be built (gcc -m32: {e}); \
+                 its selftest case will report SKIPPED (install gcc-multilib: scripts/setup.sh)"
+            );
+            std::fs::write(&elf, []).expect("write an empty compat.elf");
+            return;
+        }
+    };
+    let blob = out.join("compat_blob.S");
+    std::fs::write(
+        &blob,
+        format!(
+            "    .section .compat32, \"ax\"\n    .incbin \"{}\"\n",
+            bin.display()
+        ),
+    )
+    .expect("write compat_blob.S");
+    let mut objs = common.to_vec();
+    for src in [
+        guest.join("selftest/compat64.c"),
+        guest.join("selftest/compat_window.S"),
+        blob,
+    ] {
+        let obj = out.join(src.with_extension("o").file_name().expect("a file"));
+        compile(&src, &obj);
+        objs.push(obj);
+    }
+    run(Command::new("ld")
+        .args(["-static", "-nostdlib", "-T"])
+        .arg(guest.join("runtime/link.ld"))
+        .arg("--section-start=.compat32=0x200000")
+        .arg("-o")
+        .arg(&elf)
+        .args(&objs));
+}
+
+fn main() {
+    let guest = Path::new(&env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).to_path_buf();
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
+    for file in [
+        "runtime/rt.c",
+        "runtime/rt.h",
+        "runtime/user.S",
+        "runtime/pmu.h",
+        "runtime/start.S",
+        "runtime/link.ld",
+        "profile/profile.h",
+    ] {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let start = out.join("start.o");
+    let rt = out.join("rt.o");
+    let user = out.join("user.o");
+    compile(&guest.join("runtime/start.S"), &start);
+    compile(&guest.join("runtime/rt.c"), &rt);
+    compile(&guest.join("runtime/user.S"), &user);
+    for (name, sources) in PROGRAMS {
+        let objs: Vec<PathBuf> = sources
+            .iter()
+            .map(|src| {
+                println!("cargo:rerun-if-changed={src}");
+                let obj = out.join(object_name(src));
+                compile(&guest.join(src), &obj);
+                obj
+            })
+            .collect();
+        let elf = out.join(format!("{name}.elf"));
+        run(Command::new("ld")
+            .args(["-static", "-nostdlib", "-T"])
+            .arg(guest.join("runtime/link.ld"))
+            .arg("-o")
+            .arg(&elf)
+            .arg(&start)
+            .arg(&rt)
+            .arg(&user)
+            .args(&objs));
+    }
+    let driver = out.join("runtime_driver.o");
+    build_compat(&guest, &out, &[start, rt, user, driver]);
+}

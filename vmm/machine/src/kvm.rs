@@ -1,0 +1,431 @@
+//! KVM plumbing: guest memory, a long-mode vCPU, the in-kernel irqchip, the PMU MSR filter,
+//! CPUID, sync regs and single-step control.
+
+use std::io;
+
+use kvm_bindings::{
+    CpuId, KVM_CAP_X86_USER_SPACE_MSR, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP,
+    KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL,
+    KVM_MSR_EXIT_REASON_UNKNOWN, kvm_enable_cap, kvm_guest_debug, kvm_segment,
+    kvm_userspace_memory_region,
+};
+use kvm_ioctls::{
+    Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, SyncReg, VcpuFd, VmFd,
+};
+
+/// Size of guest RAM (GPA 0 upwards).
+pub const MEM_SIZE: usize = 4 << 20;
+/// Top of the initial stack.
+pub const STACK_TOP: u64 = 0x8_0000;
+const PML4: u64 = 0x1000;
+const PDPT: u64 = 0x2000;
+const PD: u64 = 0x3000;
+const GDT: u64 = 0x500;
+/// GDT entries before the TSS descriptors (null, kernel code 64, kernel data, code 32, user
+/// data, user code 64).
+const GDT_SEGMENTS: u64 = 6;
+/// The 64-bit TSS of vCPU `i` is at `TSS_BASE + i * TSS_STRIDE` (`runtime/rt.h` knows this);
+/// its 16-byte descriptor is GDT entry `GDT_SEGMENTS + 2 * i` (selector 0x30 + 16 * i).
+pub const TSS_BASE: u64 = 0x600;
+const TSS_STRIDE: u64 = 0x80;
+/// vCPUs per VM that get a TSS (the others run without a task register: no CPL3).
+pub const TSS_VCPUS: u64 = 8;
+/// TSS limit: 104 bytes, no I/O permission bitmap (IOPB offset = limit + 1).
+const TSS_LIMIT: u32 = 0x67;
+/// Default TSS.RSP0 below the vCPU's initial stack (the guest's `user_call` replaces it).
+const RSP0_BELOW_STACK: u64 = 0x8000;
+
+/// `KVM_CAP_PMU_CAPABILITY` and `KVM_PMU_CAP_DISABLE` (not wrapped by kvm-ioctls 0.25).
+const KVM_CAP_PMU_CAPABILITY: u32 = 212;
+const KVM_PMU_CAP_DISABLE: u64 = 1;
+
+/// Anonymous memory backing guest RAM.
+#[derive(Debug)]
+pub struct GuestMem {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl GuestMem {
+    /// Maps `len` bytes of zeroed, page-aligned anonymous memory.
+    pub fn new(len: usize) -> io::Result<Self> {
+        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// Host address of the mapping.
+    pub fn host_addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No memory at all (never, for a machine's guest).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes at `[gpa, gpa + len)`, if inside RAM. The vCPU must not be running (the VMM
+    /// only touches guest memory from the vCPU's own thread between runs).
+    #[allow(clippy::mut_from_ref)]
+    pub fn slice_mut(&self, gpa: u64, len: usize) -> Option<&mut [u8]> {
+        let start = usize::try_from(gpa).ok()?;
+        let end = start.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: in bounds of the mapping, which lives as long as `self`; the only other
+        // writer is the guest, which is stopped while the VMM (same thread) holds the slice,
+        // and callers never keep two overlapping slices.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) })
+    }
+
+    /// Reads a little-endian u64.
+    pub fn read_u64(&self, gpa: u64) -> Option<u64> {
+        let b = self.slice_mut(gpa, 8)?;
+        Some(u64::from_le_bytes(b.try_into().ok()?))
+    }
+
+    fn write_u64(&self, gpa: u64, v: u64) {
+        if let Some(b) = self.slice_mut(gpa, 8) {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+impl Drop for GuestMem {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no slice of it outlives `self`.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+// SAFETY: the mapping is plain memory owned by this value; the VMM threads touch it only
+// between runs of their own vCPU (as the guest's own CPUs would: races are the guest's).
+unsafe impl Send for GuestMem {}
+// SAFETY: as for Send; no interior state besides the mapping.
+unsafe impl Sync for GuestMem {}
+
+/// One VM: guest memory, the in-kernel irqchip, the PMU MSR filter, the loaded image.
+#[derive(Debug)]
+pub struct Vm {
+    /// The VM.
+    pub vm: VmFd,
+    /// Guest RAM.
+    pub mem: GuestMem,
+}
+
+/// One vCPU of a [`Vm`].
+#[derive(Debug)]
+pub struct Vcpu {
+    /// The vCPU fd.
+    pub fd: VcpuFd,
+    /// Whether single-step is on.
+    stepping: bool,
+}
+
+/// A denied range for the MSR filter: every bit 0.
+static DENY: [u8; 0x600] = [0; 0x600];
+
+impl Vm {
+    /// Creates the VM: RAM with page tables and GDT for long mode, irqchip, user-space MSR
+    /// exits for every MSR in `deny` (inclusive ranges), KVM's own PMU off, and the ELF
+    /// executable `elf` loaded. Returns the VM and the entry point.
+    pub fn new(kvm: &Kvm, deny: &[(u32, u32)], elf: &[u8]) -> io::Result<(Self, u64)> {
+        let vm = kvm.create_vm().map_err(io::Error::from)?;
+        let mem = GuestMem::new(MEM_SIZE)?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            guest_phys_addr: 0,
+            memory_size: mem.len() as u64,
+            userspace_addr: mem.host_addr(),
+            flags: 0,
+        };
+        // SAFETY: the region is our own anonymous mapping, which outlives the VM (both are
+        // fields of `Vm`; the VM fd is dropped first).
+        unsafe { vm.set_user_memory_region(region) }.map_err(io::Error::from)?;
+        vm.create_irq_chip().map_err(io::Error::from)?;
+        // KVM's own vPMU must not answer anything: disable it where the cap exists. Here (PVM,
+        // enable_pmu=N) the cap reports 0 and enabling fails with EINVAL: already off.
+        if vm.check_extension_raw(KVM_CAP_PMU_CAPABILITY.into()) > 0 {
+            let cap = kvm_enable_cap {
+                cap: KVM_CAP_PMU_CAPABILITY,
+                args: [KVM_PMU_CAP_DISABLE, 0, 0, 0],
+                ..Default::default()
+            };
+            if let Err(e) = vm.enable_cap(&cap) {
+                if e.errno() != libc::EINVAL {
+                    return Err(e.into());
+                }
+            }
+        }
+        let cap = kvm_enable_cap {
+            cap: KVM_CAP_X86_USER_SPACE_MSR,
+            args: [
+                u64::from(
+                    KVM_MSR_EXIT_REASON_FILTER
+                        | KVM_MSR_EXIT_REASON_UNKNOWN
+                        | KVM_MSR_EXIT_REASON_INVAL,
+                ),
+                0,
+                0,
+                0,
+            ],
+            ..Default::default()
+        };
+        vm.enable_cap(&cap).map_err(io::Error::from)?;
+        let ranges: Vec<MsrFilterRange<'_>> = deny
+            .iter()
+            .map(|&(first, last)| {
+                let count = last - first + 1;
+                MsrFilterRange {
+                    flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+                    base: first,
+                    msr_count: count,
+                    bitmap: &DENY[..count.div_ceil(8) as usize],
+                }
+            })
+            .collect();
+        vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
+            .map_err(io::Error::from)?;
+        setup_page_tables(&mem);
+        let entry = crate::loader::load_elf(elf, &mem).map_err(io::Error::other)?;
+        Ok((Self { vm, mem }, entry))
+    }
+
+    /// Creates vCPU `id` with `cpuid`, in 64-bit mode at `rip` with `rsp`, RDI and RSI set,
+    /// and guest state read through sync regs (GPRs and sregs).
+    pub fn create_vcpu(
+        &self,
+        id: u64,
+        cpuid: &CpuId,
+        rip: u64,
+        rsp: u64,
+        rdi: u64,
+        rsi: u64,
+    ) -> io::Result<Vcpu> {
+        let mut fd = self.vm.create_vcpu(id).map_err(io::Error::from)?;
+        fd.set_cpuid2(cpuid).map_err(io::Error::from)?;
+        setup_long_mode(&fd, id)?;
+        if id < TSS_VCPUS {
+            // TSS.RSP0 (offset 4), until the guest sets its own.
+            self.mem
+                .write_u64(TSS_BASE + id * TSS_STRIDE + 4, rsp - RSP0_BELOW_STACK);
+        }
+        let mut regs = fd.get_regs().map_err(io::Error::from)?;
+        regs.rip = rip;
+        regs.rsp = rsp;
+        regs.rdi = rdi;
+        regs.rsi = rsi;
+        regs.rflags = 0x2;
+        fd.set_regs(&regs).map_err(io::Error::from)?;
+        if id > 0 {
+            // Application processors start in wait-for-SIPI under an in-kernel LAPIC.
+            let runnable = kvm_bindings::kvm_mp_state {
+                mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+            };
+            fd.set_mp_state(runnable).map_err(io::Error::from)?;
+        }
+        fd.set_sync_valid_reg(SyncReg::Register);
+        fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        Ok(Vcpu {
+            fd,
+            stepping: false,
+        })
+    }
+}
+
+impl Vcpu {
+    /// Turns VMM single-stepping on or off (no ioctl if unchanged).
+    pub fn set_stepping(&mut self, on: bool) -> io::Result<()> {
+        if on == self.stepping {
+            return Ok(());
+        }
+        let debug = kvm_guest_debug {
+            control: if on {
+                KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        self.fd.set_guest_debug(&debug).map_err(io::Error::from)?;
+        self.stepping = on;
+        Ok(())
+    }
+}
+
+fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
+    kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector,
+        type_,
+        present: 1,
+        dpl: 0,
+        db: u8::from(!long),
+        s: 1,
+        l: u8::from(long),
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
+/// Identity-maps the low 4 GiB with 2 MiB pages (RAM and the LAPIC page), every page with U/S
+/// set: the guests are test harnesses, not protection domains, and their CPL3 workloads call
+/// code and touch data (`.text`, `.rodata`, `.bss`, stacks) spread over the one image, so the
+/// whole map is user-accessible (CR4.SMEP/SMAP stay clear: CPL0 may still use every page).
+/// GDT: null, 64-bit code (0x8), data (0x10), 32-bit code (0x18, for -m32 code in
+/// compatibility mode), user data (0x20, DPL3: SS = 0x23), user 64-bit code (0x28, DPL3:
+/// CS = 0x2b), then one 64-bit TSS descriptor per vCPU (0x30 + 16 * i, see `TSS_BASE`).
+fn setup_page_tables(mem: &GuestMem) {
+    const USER: u64 = 0x4;
+    mem.write_u64(PML4, PDPT | 0x3 | USER);
+    for i in 0..4u64 {
+        mem.write_u64(PDPT + 8 * i, (PD + 0x1000 * i) | 0x3 | USER);
+        for j in 0..512u64 {
+            let addr = (i << 30) | (j << 21);
+            mem.write_u64(PD + 0x1000 * i + 8 * j, addr | 0x83 | USER);
+        }
+    }
+    mem.write_u64(GDT, 0);
+    mem.write_u64(GDT + 8, 0x00af_9b00_0000_ffff);
+    mem.write_u64(GDT + 16, 0x00cf_9300_0000_ffff);
+    mem.write_u64(GDT + 24, 0x00cf_9b00_0000_ffff);
+    mem.write_u64(GDT + 32, 0x00cf_f300_0000_ffff);
+    mem.write_u64(GDT + 40, 0x00af_fb00_0000_ffff);
+    for i in 0..TSS_VCPUS {
+        let [low, high] = tss_descriptor(TSS_BASE + i * TSS_STRIDE);
+        let entry = GDT + 8 * (GDT_SEGMENTS + 2 * i);
+        mem.write_u64(entry, low);
+        mem.write_u64(entry + 8, high);
+    }
+}
+
+/// The 16-byte descriptor of an available 64-bit TSS at `base` (limit `TSS_LIMIT`, DPL0).
+fn tss_descriptor(base: u64) -> [u64; 2] {
+    let limit = u64::from(TSS_LIMIT);
+    let low = (limit & 0xffff)
+        | (base & 0xff_ffff) << 16
+        | 0x89 << 40 // present, type 9 (available 64-bit TSS)
+        | (limit >> 16 & 0xf) << 48
+        | (base >> 24 & 0xff) << 56;
+    [low, base >> 32]
+}
+
+/// Puts vCPU `id` in 64-bit mode at CPL0 through `set_sregs` (no real-mode trampoline), with
+/// its task register on its TSS (if it has one).
+fn setup_long_mode(vcpu: &VcpuFd, id: u64) -> io::Result<()> {
+    let mut sregs = vcpu.get_sregs().map_err(io::Error::from)?;
+    sregs.gdt.base = GDT;
+    sregs.gdt.limit = (8 * (GDT_SEGMENTS + 2 * TSS_VCPUS) - 1) as u16;
+    sregs.cs = segment(0x8, 0xb, true);
+    let data = segment(0x10, 0x3, false);
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    if id < TSS_VCPUS {
+        sregs.tr = kvm_segment {
+            base: TSS_BASE + id * TSS_STRIDE,
+            limit: TSS_LIMIT,
+            selector: (8 * (GDT_SEGMENTS + 2 * id)) as u16,
+            type_: 0xb, // busy 64-bit TSS, as after LTR
+            present: 1,
+            ..Default::default()
+        };
+    }
+    sregs.cr3 = PML4;
+    sregs.cr4 = 0x20; // PAE
+    sregs.cr0 = 0x8000_0033; // PG | NE | ET | MP | PE
+    sregs.efer = 0x500; // LMA | LME
+    vcpu.set_sregs(&sregs).map_err(io::Error::from)
+}
+
+/// The host's supported CPUID, the base the personalities edit.
+pub fn supported_cpuid(kvm: &Kvm) -> io::Result<CpuId> {
+    kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(io::Error::from)
+}
+
+/// Whether `/dev/kvm` (or `$VPMU_KVM_DEVICE`, for testing the skip path) can be opened and
+/// has what the VMM needs.
+pub fn usable() -> Result<Kvm, String> {
+    let path = std::env::var("VPMU_KVM_DEVICE").unwrap_or_else(|_| "/dev/kvm".into());
+    let cpath = std::ffi::CString::new(path.clone()).map_err(|e| e.to_string())?;
+    let kvm = Kvm::new_with_path(&cpath).map_err(|e| format!("cannot open {path}: {e}"))?;
+    for cap in [
+        kvm_ioctls::Cap::X86UserSpaceMsr,
+        kvm_ioctls::Cap::X86MsrFilter,
+        kvm_ioctls::Cap::SetGuestDebug,
+        kvm_ioctls::Cap::Irqchip,
+        kvm_ioctls::Cap::SignalMsi,
+    ] {
+        if !kvm.check_extension(cap) {
+            return Err(format!("KVM lacks {cap:?}"));
+        }
+    }
+    Ok(kvm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tss_descriptor_encodes_base_limit_and_type() {
+        let [low, high] = tss_descriptor(0x1234_5678_9abc_def0);
+        assert_eq!(low & 0xffff, u64::from(TSS_LIMIT));
+        let base = (low >> 16 & 0xff_ffff) | (low >> 56 & 0xff) << 24 | high << 32;
+        assert_eq!(base, 0x1234_5678_9abc_def0);
+        // Present, DPL0, system descriptor of type 9 (available 64-bit TSS).
+        assert_eq!(low >> 40 & 0xff, 0x89);
+    }
+
+    #[test]
+    fn gdt_has_user_segments_and_pages_are_user_accessible() {
+        let mem = GuestMem::new(MEM_SIZE).expect("memory");
+        setup_page_tables(&mem);
+        let gdt = |sel: u64| mem.read_u64(GDT + sel).expect("in RAM");
+        // User data (0x20): present, DPL3, writable data; user code (0x28): DPL3, L.
+        assert_eq!(gdt(0x20) >> 40 & 0xff, 0xf3);
+        assert_eq!(gdt(0x28) >> 40 & 0xff, 0xfb);
+        assert_eq!(gdt(0x28) >> 53 & 1, 1);
+        // vCPU 1's TSS descriptor points at its TSS.
+        let low = gdt(0x30 + 16);
+        assert_eq!(low >> 16 & 0xff_ffff, TSS_BASE + TSS_STRIDE);
+        // U/S on every level of the map of the first and the LAPIC's 2 MiB page.
+        assert_eq!(mem.read_u64(PML4).expect("in RAM") & 0x7, 0x7);
+        assert_eq!(mem.read_u64(PDPT + 24).expect("in RAM") & 0x7, 0x7);
+        assert_eq!(mem.read_u64(PD).expect("in RAM"), 0x87);
+        let lapic = PD + 0x1000 * 3 + 8 * 503;
+        assert_eq!(
+            mem.read_u64(lapic).expect("in RAM"),
+            0xfee0_0000 & !0x1f_ffff | 0x87
+        );
+    }
+}

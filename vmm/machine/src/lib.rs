@@ -1,0 +1,733 @@
+//! One guest run: one VM per domain (`Layout`): either one domain with one or more vCPUs,
+//! each on its own host thread, which is also its pCPU with its own software PMU model; or
+//! several one-vCPU domains time-sliced on one thread = one pCPU. The vpmu core drives the
+//! models through `vpmu::Platform`, with no global lock: the `Vpmu` is shared by `&self`, each
+//! pCPU thread owns its `PcpuPmu` (with its physical LVTPC mask, its request queue and its PMI
+//! record: `Pcpu`), and each vCPU's state sits behind its own mutex (`Table`). Work the core
+//! needs done on another pCPU arrives in that pCPU's queue and is completed by its thread before
+//! its next entry (`Platform::send_request` kicks it out of `KVM_RUN`).
+//!
+//! Exits:
+//! * RDMSR/WRMSR of a filtered PMU MSR → `Vpmu::rdmsr`/`wrmsr` (`GeneralProtection` or an MSR
+//!   of the other vendor → #GP through `exit.error`);
+//! * port I/O: console, exit status, the control-operation hypercall (restarted inside the VMM
+//!   while the core answers `-EAGAIN`), benchmark control;
+//! * `Debug` (single-step): one retired instruction, decoded with iced-x86, fed to the model.
+//!
+//! Precise mode: while the pCPU's model has a counter enabled the vCPU is single-stepped, and
+//! each retired instruction is counted as `Instructions` (and `Branches` for any control
+//! transfer) in the mode of its CPL, with the counter state after it retired. Single-step works
+//! only at CPL0 on this host's KVM, so CPL3 code is never counted. After every exit, a raised
+//! PMI line goes through `Vpmu::handle_pmi`, which delivers through the guest's LVTPC (or the
+//! shared page and the VIRQ).
+//!
+//! Timed mode: the vCPU runs free; the time each `KVM_RUN` lasted, in TSC ticks (the guest TSC
+//! is the host's here), is fed as core and reference cycles in the mode of the CPL at the exit
+//! (an approximation: a run may span CPLs). Before each entry the model computes after how
+//! many cycles a PMI would be raised (`SoftwarePmu::cycles_until_pmi`, arithmetic, on the
+//! thread's own model), and the VMM arms a kick for that time. The
+//! interrupted context of a PMI (`Platform::interrupted`) is the sync-regs state at the exit
+//! that raised it, so at a kick that landed in CPL3 code it is that code's RIP and CPL 3; every
+//! delivered PMI's context is kept (`RunResult::pmi_contexts`, guest port 0x15 for the last).
+//!
+//! Modules: `platform` (the `vpmu::Platform` impl and the state the pCPU threads share),
+//! `runner` (the vCPU thread's run loop and migrations), `sched` (several domains' vCPUs on one
+//! thread and pCPU), `exit` (copying exits out of `kvm_run`, MSR and hypercall handling),
+//! `precise` and `timed` (the two event sources).
+
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::io;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kvm_bindings::{CpuId, kvm_sync_regs};
+use kvm_ioctls::Kvm;
+use vpmu::{CrossCpuRequest, Mode, PcpuPmu, PmuBackend, VcpuId, VcpuPmu, VcpuTable, Vpmu};
+
+pub use crate::kvm::{GuestMem, Vm};
+use crate::kvm::{STACK_TOP, Vcpu};
+use crate::personality::Personality;
+
+use exit::MsrHandler;
+use platform::{Host, PlatformState};
+pub use platform::{PmiContext, VmmActivity};
+use runner::{Rendezvous, Runner};
+
+mod exit;
+pub mod kick;
+pub mod kvm;
+pub mod loader;
+pub mod personality;
+mod platform;
+pub mod port;
+mod precise;
+mod runner;
+mod sched;
+pub mod symbols;
+#[cfg(test)]
+mod tests;
+mod timed;
+
+/// The privileged domain (domain 0; a run has one VM per domain, numbered from 0).
+pub const PRIVILEGED_DOMAIN: u32 = 0;
+/// The vector of the PMU VIRQ (a sample is in the shared page).
+pub const VIRQ_VECTOR: u8 = 0x41;
+/// Stack per vCPU.
+const STACK_SIZE: u64 = 0x1_0000;
+
+/// What one vCPU's run produced.
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    /// The exit status the guest wrote (None: stopped by the VMM).
+    pub status: Option<u32>,
+    /// Console output.
+    pub console: String,
+    /// Single-step exits.
+    pub steps: u64,
+    /// MSR exits.
+    pub msr_exits: u64,
+    /// PMIs delivered through the LVTPC.
+    pub pmis: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Why the run failed, if it did.
+    pub error: Option<String>,
+    /// MSR exits and the handler time (ns) spent in them, by handler: `[vpmu, null]`.
+    pub msr_exit_ns: [(u64, u64); 2],
+    /// Exits and the total user-space time (ns) between `KVM_RUN`s.
+    pub user_time: (u64, u64),
+    /// Kicks out of `KVM_RUN` (timed overflows, slice ends, the watchdog, other pCPUs'
+    /// requests).
+    pub kicks: u64,
+    /// The interrupted context of each PMI delivered through the LVTPC (the first 65536).
+    pub pmi_contexts: Vec<PmiContext>,
+    /// The VMM's own record of every PMI the core handled on this vCPU's pCPU, in order: what
+    /// ran there and was interrupted, and the outcome (shared layouts: every pCPU's record, pCPU
+    /// by pCPU, in the first result; a vCPU's PMIs all come from its one pCPU).
+    pub pmi_log: Vec<PmiRecord>,
+    /// The core's statistics of this vCPU at the end of the run.
+    pub stats: Option<vpmu::VcpuStats>,
+    /// The VMM stopped this vCPU before it wrote an exit status (shared pCPU, `finish_with`).
+    pub stopped: bool,
+    /// Which vCPU this is (None only in a result made before its vCPU existed).
+    pub vcpu: Option<VcpuId>,
+    /// Nanoseconds this vCPU spent in `KVM_RUN` (timed source: its CPU time).
+    pub guest_ns: u128,
+    /// Guest memory copied after the run (`Machine::peek_after_run`): (GPA, bytes).
+    pub peeked: Vec<(u64, Vec<u8>)>,
+    /// Locks taken over the MSR exits answered by the vpmu, each from the exit to the next
+    /// entry or to the end of the vCPU's slice (`msr_exit_ns[0].0` exits).
+    pub msr_exit_locks: LockCount,
+}
+
+/// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the
+/// core's routing), where it was interrupted, and the core's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PmiRecord {
+    /// The vCPU the VMM was running when the PMI was raised.
+    pub running: VcpuId,
+    /// The VMM itself was interrupted, serving `running` (hv mode).
+    pub hypervisor: bool,
+    /// The interrupted registers the core was given (`Platform::interrupted`: sync regs at
+    /// the exit that raised the PMI, or the VMM activity's if `hypervisor`).
+    pub regs: vpmu::abi::Regs,
+    /// The pCPU whose PMI it was.
+    pub pcpu: u32,
+    /// `Some(receiver)` if the core delivered it (LVTPC or a page sample), `None` otherwise.
+    pub delivered_to: Option<VcpuId>,
+    /// The core routed it but dropped it (`PmiOutcome::Dropped`).
+    pub dropped: bool,
+}
+
+/// Lock acquisitions by the calling thread (`locks_taken`): the goal of the SMP design is no
+/// shared lock on a guest's MSR exit (`RunResult::msr_exit_locks`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LockCount {
+    /// Locks other than a vCPU's own: the VMM's shared structures (a queued LVTPC delivery,
+    /// the pCPU handover at a migration, the rendezvous).
+    pub shared: u64,
+    /// Per-vCPU locks (`VcpuTable::with_vcpu`, the vCPU at hand of an intercept).
+    pub vcpu: u64,
+}
+
+impl std::ops::Add for LockCount {
+    type Output = LockCount;
+
+    fn add(self, other: LockCount) -> LockCount {
+        LockCount {
+            shared: self.shared + other.shared,
+            vcpu: self.vcpu + other.vcpu,
+        }
+    }
+}
+
+impl std::ops::Sub for LockCount {
+    type Output = LockCount;
+
+    fn sub(self, other: LockCount) -> LockCount {
+        LockCount {
+            shared: self.shared - other.shared,
+            vcpu: self.vcpu - other.vcpu,
+        }
+    }
+}
+
+thread_local! {
+    static LOCKS: Cell<LockCount> = const { Cell::new(LockCount { shared: 0, vcpu: 0 }) };
+}
+
+/// The calling thread's lock acquisitions so far.
+fn locks_taken() -> LockCount {
+    LOCKS.with(Cell::get)
+}
+
+/// Locks one vCPU's state (counted as a per-vCPU lock).
+fn lock_vcpu<T>(lock: &Mutex<T>) -> MutexGuard<'_, T> {
+    LOCKS.with(|l| {
+        let mut n = l.get();
+        n.vcpu += 1;
+        l.set(n);
+    });
+    lock.lock().expect("a vCPU lock (its holder panicked)")
+}
+
+/// Locks a structure several pCPU threads share (counted as a shared lock).
+fn lock_shared<T>(lock: &Mutex<T>) -> MutexGuard<'_, T> {
+    count_shared_lock();
+    lock.lock()
+        .expect("a shared VMM lock (its holder panicked)")
+}
+
+fn count_shared_lock() {
+    LOCKS.with(|l| {
+        let mut n = l.get();
+        n.shared += 1;
+        l.set(n);
+    });
+}
+
+/// Where each vCPU's state is in the per-vCPU arrays: vCPUs in creation order, domain by
+/// domain, so vCPU `v` of domain `d` is at `first[d] + v`.
+#[derive(Clone, Debug)]
+struct VcpuIndex {
+    first: Vec<usize>,
+    counts: Vec<u32>,
+}
+
+impl VcpuIndex {
+    fn new(counts: &[u32]) -> Self {
+        let first = counts
+            .iter()
+            .scan(0usize, |next, &n| {
+                let at = *next;
+                *next += n as usize;
+                Some(at)
+            })
+            .collect();
+        Self {
+            first,
+            counts: counts.to_vec(),
+        }
+    }
+
+    fn of(&self, id: VcpuId) -> Option<usize> {
+        let count = *self.counts.get(id.domain as usize)?;
+        (id.vcpu < count).then(|| self.first[id.domain as usize] + id.vcpu as usize)
+    }
+}
+
+/// The vCPU table of every domain, each vCPU's state behind its own mutex: the core visits one
+/// at a time (it never nests visits), so any pCPU thread can reach any vCPU without a lock
+/// that serializes the others.
+struct Table<C> {
+    vcpus: Vec<Mutex<VcpuPmu<C>>>,
+    index: VcpuIndex,
+}
+
+impl<C> Table<C> {
+    fn lock(&self, id: VcpuId) -> Option<MutexGuard<'_, VcpuPmu<C>>> {
+        let slot = self.vcpus.get(self.index.of(id)?)?;
+        Some(lock_vcpu(slot))
+    }
+}
+
+impl<C> VcpuTable<C> for Table<C> {
+    fn with_vcpu(&self, id: VcpuId, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) -> bool {
+        match self.lock(id) {
+            Some(mut vcpu) => {
+                visit(&mut vcpu);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn for_each_in_domain(&self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
+        let Some(&count) = self.index.counts.get(domain as usize) else {
+            return;
+        };
+        for vcpu in 0..count {
+            if let Some(mut v) = self.lock(VcpuId { domain, vcpu }) {
+                visit(&mut v);
+            }
+        }
+    }
+}
+
+type Ctx<P> = <<P as Personality>::Backend as PmuBackend>::Context;
+
+/// What every pCPU thread of a run shares, by `&`: the core, the vCPU table, the platform's
+/// shared state, and the slots through which pCPUs change threads at a migration.
+struct Shared<P: Personality> {
+    vpmu: Vpmu<P::Backend>,
+    vcpus: Table<Ctx<P>>,
+    host: Host,
+    /// A migration parks each pCPU here until the thread that becomes it takes it.
+    parking: Vec<Mutex<Option<Pcpu<P>>>>,
+}
+
+/// One pCPU: owned by the one thread that is this pCPU (moved only at a migration, when the
+/// thread that becomes it takes it over), never behind a lock.
+struct Pcpu<P: Personality> {
+    pmu: PcpuPmu<Ctx<P>, P::Model>,
+    /// Requests other pCPUs sent this one (`Platform::send_request`), completed by this
+    /// pCPU's thread before its next guest entry.
+    requests: Receiver<CrossCpuRequest>,
+    /// The physical LVTPC mask (set by the core while a sample is cached).
+    masked: bool,
+    /// The VMM's record of every PMI handled here (the first `MAX_PMI_LOG`).
+    pmi_log: Vec<PmiRecord>,
+}
+
+/// What a consumer of the machine (the profiler, a test) sees of a guest's port write: which
+/// vCPU wrote and its domain's memory, to copy what the guest points at.
+#[derive(Clone, Copy, Debug)]
+pub struct PortAccess<'m> {
+    /// The vCPU that wrote.
+    pub vcpu: VcpuId,
+    /// Its domain's guest memory.
+    pub memory: &'m GuestMem,
+}
+
+/// Ports a consumer adds to the machine (`Machine::extend`): the machine handles its own
+/// (`port`) and passes every other `outl` here. Called on the writing vCPU's thread; an error
+/// ends that vCPU's run with it (a consumer's guest is the consumer's own program).
+pub trait GuestPorts: Send + Sync {
+    /// `outl(port, value)` by `access.vcpu`. Ports the extension does not know are ignored
+    /// (`Ok`), as the machine ignores unknown ports.
+    fn out(&self, access: PortAccess<'_>, port: u16, value: u32) -> Result<(), String>;
+}
+
+/// How the vCPUs of a run map to domains, host threads and pCPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// One domain (the privileged one) with `n` vCPUs, each on its own host thread, which is
+    /// its own pCPU. vCPU `i` is entered with RSI = `i`.
+    ThreadPerVcpu(u32),
+    /// `n` domains (domain 0 privileged), one VM of one vCPU each, all time-sliced on ONE
+    /// host thread, which is one pCPU: `Vpmu::context_switch` at every switch. The vCPU of
+    /// domain `d` is entered with RSI = `d`.
+    SharedPcpu(u32),
+    /// The whole machine: `pcpus` host threads, each one pCPU that time-slices its vCPUs as
+    /// `SharedPcpu` does. The privileged domain has one vCPU per pCPU (vCPU `p` on pCPU `p`:
+    /// in all mode it profiles that pCPU); every other domain has `vcpus` vCPUs, vCPU `i` on
+    /// pCPU `i mod pcpus`. vCPU `i` of domain `d` is entered with RSI = `d` (its LAPIC ID is
+    /// `i`).
+    SharedPcpus {
+        /// pCPUs (host threads).
+        pcpus: u32,
+        /// Domains, the privileged one included.
+        domains: u32,
+        /// vCPUs of each unprivileged domain.
+        vcpus: u32,
+    },
+}
+
+impl Layout {
+    /// vCPUs of each domain, and the pCPUs, of this layout.
+    fn shape(self) -> (Vec<u32>, u32) {
+        match self {
+            Layout::ThreadPerVcpu(n) => (vec![n], n),
+            Layout::SharedPcpu(n) => (vec![1; n as usize], 1),
+            Layout::SharedPcpus {
+                pcpus,
+                domains,
+                vcpus,
+            } => (
+                (0..domains)
+                    .map(|d| if d == 0 { pcpus } else { vcpus })
+                    .collect(),
+                pcpus,
+            ),
+        }
+    }
+
+    /// The pCPU a vCPU runs on in a shared layout (it never moves).
+    fn home_pcpu(self, vcpu: VcpuId) -> u32 {
+        match self {
+            Layout::SharedPcpus { pcpus, .. } => vcpu.vcpu % pcpus.max(1),
+            _ => 0,
+        }
+    }
+
+    fn shared(self) -> bool {
+        !matches!(self, Layout::ThreadPerVcpu(_))
+    }
+}
+
+/// The VMs of one run, ready to run a guest program under personality `P`.
+pub struct Machine<P: Personality> {
+    personality: P,
+    layout: Layout,
+    /// One VM per domain, by domain number.
+    vms: Vec<Vm>,
+    vcpus: Vec<(VcpuId, Vcpu)>,
+    shared: Shared<P>,
+    /// Each pCPU, until the run hands it to its thread.
+    pcpus: Vec<Pcpu<P>>,
+    /// The consumer's ports, if any (`Machine::extend`).
+    extension: Option<Arc<dyn GuestPorts>>,
+    /// Shared pCPU: the domains whose exit ends the run (None: all of them).
+    finish_with: Option<Vec<u32>>,
+    /// Guest memory to copy into the results after the run: (domain, GPA, bytes).
+    peeks: Vec<(u32, u64, usize)>,
+}
+
+impl<P: Personality> std::fmt::Debug for Machine<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("layout", &self.layout)
+            .field("vcpus", &self.vcpus.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// All PMU MSRs of both vendors: a PMU MSR of the other vendor must fault, not reach KVM.
+pub fn all_pmu_msr_ranges() -> Vec<(u32, u32)> {
+    vpmu_intel::msrs::MSR_RANGES
+        .iter()
+        .chain(vpmu_amd::msrs::MSR_RANGES)
+        .copied()
+        .collect()
+}
+
+impl<P: Personality> Machine<P> {
+    /// A VM with `vcpus` vCPUs running `image`, vCPU `i` entered with RDI = `arg`, RSI = `i`;
+    /// one pCPU (software PMU of `personality`) per vCPU; the vpmu in self mode.
+    pub fn new(
+        kvm: &Kvm,
+        personality: P,
+        base_cpuid: &CpuId,
+        image: &[u8],
+        arg: u64,
+        vcpus: u32,
+    ) -> io::Result<Self> {
+        Self::with_layout(
+            kvm,
+            personality,
+            base_cpuid,
+            image,
+            arg,
+            Layout::ThreadPerVcpu(vcpus),
+        )
+    }
+
+    /// The VMs of `layout`, each running `image` with RDI = `arg`; the vpmu in self mode.
+    pub fn with_layout(
+        kvm: &Kvm,
+        personality: P,
+        base_cpuid: &CpuId,
+        image: &[u8],
+        arg: u64,
+        layout: Layout,
+    ) -> io::Result<Self> {
+        Self::with_images(kvm, personality, base_cpuid, &|_| image, arg, layout)
+    }
+
+    /// The VMs of `layout`, domain `d` running `image_of(d)` with RDI = `arg`; the vpmu in
+    /// self mode.
+    pub fn with_images<'i>(
+        kvm: &Kvm,
+        personality: P,
+        base_cpuid: &CpuId,
+        image_of: &dyn Fn(u32) -> &'i [u8],
+        arg: u64,
+        layout: Layout,
+    ) -> io::Result<Self> {
+        let mut cpuid = base_cpuid.clone();
+        personality.cpuid(&mut cpuid);
+        let (counts, pcpu_count) = layout.shape();
+        let mut vms = Vec::new();
+        let mut vcpus = Vec::new();
+        for (domain, &per_domain) in (0u32..).zip(&counts) {
+            let (vm, entry) = Vm::new(kvm, &all_pmu_msr_ranges(), image_of(domain))?;
+            for i in 0..per_domain {
+                let rsp = STACK_TOP - u64::from(i) * STACK_SIZE;
+                let rsi = if layout.shared() { domain } else { i };
+                let fd = vm.create_vcpu(u64::from(i), &cpuid, entry, rsp, arg, u64::from(rsi))?;
+                vcpus.push((VcpuId { domain, vcpu: i }, fd));
+            }
+            vms.push(vm);
+        }
+        let vpmu = Vpmu::new(personality.backend(), Mode::SelfProfiling, pcpu_count);
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..pcpu_count).map(|_| mpsc::channel()).unzip();
+        // Attached here, before any thread runs: a software model is clean wherever it is
+        // attached, and it moves to its pCPU's thread with the rest of the pCPU.
+        let pcpus = (0..pcpu_count)
+            .zip(receivers)
+            .map(|(index, requests)| {
+                vpmu.attach_pcpu(index, personality.model())
+                    .map(|pmu| Pcpu {
+                        pmu,
+                        requests,
+                        masked: false,
+                        pmi_log: Vec::new(),
+                    })
+                    .map_err(|e| io::Error::other(format!("attach_pcpu: {e:?}")))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let index = VcpuIndex::new(&counts);
+        let table = Table {
+            vcpus: vcpus
+                .iter()
+                .map(|&(id, _)| Mutex::new(vpmu.new_vcpu(id)))
+                .collect(),
+            index: index.clone(),
+        };
+        let host = Host::new(layout, index, senders);
+        Ok(Self {
+            personality,
+            layout,
+            vms,
+            vcpus,
+            shared: Shared {
+                vpmu,
+                vcpus: table,
+                host,
+                parking: (0..pcpu_count).map(|_| Mutex::new(None)).collect(),
+            },
+            pcpus,
+            extension: None,
+            finish_with: None,
+            peeks: Vec::new(),
+        })
+    }
+
+    /// Runs every vCPU until each writes its exit status, `timeout` passes, or something
+    /// breaks: each on its own thread, or all on this thread (`Layout::SharedPcpu`). Results
+    /// in vCPU creation order (by vCPU index, or by domain).
+    pub fn run(self, timeout: Duration) -> Vec<RunResult>
+    where
+        P: Sync,
+        P::Model: Send,
+        P::Backend: Send + Sync,
+        Ctx<P>: Send,
+    {
+        let Machine {
+            personality,
+            layout,
+            vms,
+            vcpus,
+            shared,
+            pcpus,
+            extension,
+            finish_with,
+            peeks,
+        } = self;
+        let count = vcpus.len() as u32;
+        let vcpu_ids: Vec<VcpuId> = vcpus.iter().map(|&(id, _)| id).collect();
+        let tsc_khz = vcpus
+            .first()
+            .and_then(|(_, v)| v.fd.get_tsc_khz().ok())
+            .map_or(1_000_000, u64::from);
+        let barrier = Rendezvous::new(vcpus.len());
+        let shared_layout = layout.shared();
+        let runners = vcpus.into_iter().enumerate().map(|(i, (me, vcpu))| Runner {
+            personality: &personality,
+            vm: &vms[me.domain as usize],
+            vms: &vms,
+            shared: &shared,
+            extension: extension.as_deref(),
+            vcpu,
+            me,
+            pcpu: if shared_layout {
+                layout.home_pcpu(me)
+            } else {
+                i as u32
+            },
+            count,
+            barrier: &barrier,
+            cpu: None,
+            state: PlatformState::default(),
+            sync: kvm_sync_regs::default(),
+            next_rip: 0,
+            handler: MsrHandler::Vpmu,
+            tsc_khz,
+            run_ns: 0,
+            fed_cycles: 0,
+            slices: 0,
+            activity: platform::VmmActivity::Other,
+        });
+        let mut results = if shared_layout {
+            Self::run_pcpus(runners.collect(), pcpus, timeout, finish_with.as_deref())
+        } else {
+            Self::run_threads(runners, pcpus, timeout)
+        };
+        for (domain, gpa, len) in peeks {
+            let bytes = vms[domain as usize]
+                .mem
+                .slice_mut(gpa, len)
+                .map(|b| b.to_vec());
+            // The first vCPU of the domain carries its domain's peeks.
+            let first = vcpu_ids.iter().position(|id| id.domain == domain);
+            if let (Some(bytes), Some(r)) = (bytes, first.and_then(|i| results.get_mut(i))) {
+                r.peeked.push((gpa, bytes));
+            }
+        }
+        if shared_layout {
+            for r in &mut results {
+                r.stats = r
+                    .vcpu
+                    .and_then(|v| shared.vcpus.lock(v))
+                    .map(|v| *v.stats());
+            }
+        }
+        results
+    }
+
+    /// Shared layouts: one thread per pCPU, each time-slicing its vCPUs (`sched`). Results
+    /// in vCPU creation order; the VMM's PMI record of every pCPU (pCPU by pCPU, each in its
+    /// order: a vCPU's PMIs all come from its one pCPU) on the first result.
+    fn run_pcpus<'r>(
+        runners: Vec<Runner<'r, P>>,
+        pcpus: Vec<Pcpu<P>>,
+        timeout: Duration,
+        finish_with: Option<&[u32]>,
+    ) -> Vec<RunResult>
+    where
+        P: Sync + 'r,
+        P::Model: Send,
+        P::Backend: Send + Sync,
+        Ctx<P>: Send,
+    {
+        let ids: Vec<VcpuId> = runners.iter().map(|r| r.me).collect();
+        let mut groups: Vec<(Pcpu<P>, Vec<Runner<'r, P>>)> =
+            pcpus.into_iter().map(|cpu| (cpu, Vec::new())).collect();
+        for r in runners {
+            let p = r.pcpu as usize;
+            groups[p].1.push(r);
+        }
+        let outcomes: Vec<(Vec<RunResult>, Vec<PmiRecord>)> = if groups.len() == 1 {
+            groups
+                .into_iter()
+                .map(|(cpu, group)| sched::run_shared(group, cpu, timeout, finish_with))
+                .collect()
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = groups
+                    .into_iter()
+                    .map(|(cpu, group)| {
+                        s.spawn(move || sched::run_shared(group, cpu, timeout, finish_with))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            let failed = RunResult {
+                                error: Some("pCPU thread panicked".into()),
+                                ..RunResult::default()
+                            };
+                            (vec![failed], Vec::new())
+                        })
+                    })
+                    .collect()
+            })
+        };
+        let mut log = Vec::new();
+        let mut results = Vec::new();
+        for (r, l) in outcomes {
+            results.extend(r);
+            log.extend(l);
+        }
+        results.sort_by_key(|r| r.vcpu.and_then(|v| ids.iter().position(|i| *i == v)));
+        if let Some(first) = results.first_mut() {
+            first.pmi_log = log;
+        }
+        results
+    }
+
+    fn run_threads<'r>(
+        runners: impl Iterator<Item = Runner<'r, P>>,
+        pcpus: Vec<Pcpu<P>>,
+        timeout: Duration,
+    ) -> Vec<RunResult>
+    where
+        P: Sync + 'r,
+        P::Model: Send,
+        P::Backend: Send + Sync,
+        Ctx<P>: Send,
+    {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = runners
+                .zip(pcpus)
+                .map(|(mut runner, cpu)| {
+                    runner.cpu = Some(cpu);
+                    s.spawn(move || runner.run(timeout))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| RunResult {
+                        error: Some("vCPU thread panicked".into()),
+                        ..RunResult::default()
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Domain `domain`'s guest memory (to configure a guest before the run).
+    pub fn memory(&self, domain: u32) -> Option<&GuestMem> {
+        self.vms.get(domain as usize).map(|vm| &vm.mem)
+    }
+
+    /// Hands the guests' `outl`s to ports the machine does not handle itself to `extension`
+    /// (from every vCPU thread, while the vCPU is stopped in the exit).
+    pub fn extend(&mut self, extension: Arc<dyn GuestPorts>) {
+        self.extension = Some(extension);
+    }
+
+    /// Shared pCPU: the run ends when every domain in `domains` has written its exit status;
+    /// the others are stopped then (their results have no status and no error).
+    pub fn finish_with(&mut self, domains: Vec<u32>) {
+        self.finish_with = Some(domains);
+    }
+
+    /// After the run, copies `len` bytes at `gpa` of `domain`'s memory into the result of
+    /// that domain's first vCPU (`RunResult::peeked`): what a guest left in memory (None if
+    /// the range is outside guest memory).
+    pub fn peek_after_run(&mut self, domain: u32, gpa: u64, len: usize) -> Option<()> {
+        self.vms.get(domain as usize)?.mem.slice_mut(gpa, len)?;
+        self.peeks.push((domain, gpa, len));
+        Some(())
+    }
+
+    /// The guest TSC frequency KVM reports.
+    pub fn tsc_khz(&self) -> Option<u32> {
+        self.vcpus.first()?.1.fd.get_tsc_khz().ok()
+    }
+}
+
+/// Formats the console output with a prefix per line (for verbose runs).
+pub fn indent(text: &str, prefix: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let _ = writeln!(out, "{prefix}{line}");
+    }
+    out
+}

@@ -1,0 +1,635 @@
+//! One vCPU thread: the run loop (requests, entry, exit dispatch, PMI check) and migrations.
+
+use std::io;
+use std::sync::mpsc::Receiver;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_run, kvm_sync_regs};
+use vpmu::{CoreError, CrossCpuRequest, ExecMode, PcpuPmu, PmiOutcome, SoftwarePmu, VcpuId};
+
+use super::exit::{Exit, MsrHandler};
+use super::platform::{Host, KvmPlatform, PlatformState, VmmActivity, regs_of};
+use super::{
+    Ctx, LockCount, Pcpu, PmiRecord, RunResult, Shared, count_shared_lock, lock_shared, locks_taken,
+};
+use super::{GuestPorts, PortAccess};
+use crate::kick::Kick;
+use crate::kvm::{Vcpu, Vm};
+use crate::personality::{Personality, Source};
+use crate::port;
+
+/// One vCPU and the pCPU it runs on: on its own thread (`run`), or time-sliced with others
+/// on one thread that is one pCPU (`super::sched`).
+pub(super) struct Runner<'a, P: Personality> {
+    pub(super) personality: &'a P,
+    /// This vCPU's VM (its domain's).
+    pub(super) vm: &'a Vm,
+    /// Every domain's VM, by domain number.
+    pub(super) vms: &'a [Vm],
+    pub(super) shared: &'a Shared<P>,
+    /// The consumer's ports (`Machine::extend`), if any.
+    pub(super) extension: Option<&'a dyn GuestPorts>,
+    pub(super) vcpu: Vcpu,
+    pub(super) me: VcpuId,
+    /// The pCPU (software PMU model) this thread is now; starts as the vCPU index and changes
+    /// when the guest asks for a migration.
+    pub(super) pcpu: u32,
+    pub(super) count: u32,
+    /// Rendezvous of all vCPU threads for a migration.
+    pub(super) barrier: &'a Rendezvous,
+    /// The pCPU, while this vCPU runs on it (a shared pCPU's thread hands it to the vCPU it
+    /// runs for the slice).
+    pub(super) cpu: Option<Pcpu<P>>,
+    pub(super) state: PlatformState,
+    pub(super) sync: kvm_sync_regs,
+    /// Address of the instruction the next single-step retires.
+    pub(super) next_rip: u64,
+    pub(super) handler: MsrHandler,
+    /// Guest TSC kHz (timed mode).
+    pub(super) tsc_khz: u64,
+    /// Timed mode: nanoseconds in `KVM_RUN` so far, and the cycles fed for them.
+    pub(super) run_ns: u128,
+    pub(super) fed_cycles: u64,
+    /// Times this vCPU was scheduled in (its slices on a shared pCPU; 1 on its own thread).
+    pub(super) slices: u32,
+    /// The exit the VMM handled last (what a hypervisor sample caught).
+    pub(super) activity: VmmActivity,
+}
+
+/// A runner's view for one call into the core: the platform, its pCPU's parts, the shared
+/// state.
+pub(super) struct Parts<'r, P: Personality> {
+    pub(super) platform: KvmPlatform<'r>,
+    pub(super) pmu: &'r mut PcpuPmu<Ctx<P>, P::Model>,
+    pub(super) requests: &'r Receiver<CrossCpuRequest>,
+    pub(super) pmi_log: &'r mut Vec<PmiRecord>,
+    pub(super) shared: &'r Shared<P>,
+}
+
+/// The kicker of a pCPU thread, also registered as the kick target of the pCPU the thread is
+/// (`Host::mailboxes`), so that requests from other pCPUs bring it out of `KVM_RUN`.
+pub(super) struct ThreadKick<'h> {
+    kick: Kick,
+    host: &'h Host,
+}
+
+impl<'h> ThreadKick<'h> {
+    pub(super) fn new(run: *mut kvm_run, host: &'h Host) -> Result<Self, String> {
+        Ok(Self {
+            kick: Kick::new(run)?,
+            host,
+        })
+    }
+
+    /// This thread is now pCPU `pcpu`.
+    pub(super) fn register(&self, pcpu: u32) {
+        if let Some(m) = self.host.mailboxes.get(pcpu as usize) {
+            m.kick.register(&self.kick);
+        }
+    }
+
+    /// This thread is no longer pCPU `pcpu`.
+    pub(super) fn unregister(&self, pcpu: u32) {
+        if let Some(m) = self.host.mailboxes.get(pcpu as usize) {
+            m.kick.unregister();
+        }
+    }
+
+    pub(super) fn kick(&self) -> &Kick {
+        &self.kick
+    }
+}
+
+impl Drop for ThreadKick<'_> {
+    fn drop(&mut self) {
+        // Before the thread can end: no kick may target it afterwards.
+        for m in &self.host.mailboxes {
+            m.kick.unregister();
+        }
+    }
+}
+
+/// At most this many PMIs are kept in the VMM's record (`RunResult::pmi_log`): a minute of
+/// sampling at 10 kHz fits.
+const MAX_PMI_LOG: usize = 1 << 20;
+
+/// Timed mode on a shared pCPU: the longest slice.
+pub(super) const SLICE_TIME: Duration = Duration::from_millis(1);
+
+/// How long a vCPU waits for the others at a migration before giving up.
+const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A reusable barrier that gives up after a timeout (a vCPU that died never arrives).
+pub(super) struct Rendezvous {
+    count: usize,
+    /// Generation and arrivals in it.
+    state: Mutex<(u64, usize)>,
+    all_arrived: Condvar,
+}
+
+impl Rendezvous {
+    pub(super) fn new(count: usize) -> Self {
+        Self {
+            count,
+            state: Mutex::new((0, 0)),
+            all_arrived: Condvar::new(),
+        }
+    }
+
+    pub(super) fn wait(&self, timeout: Duration) -> io::Result<()> {
+        let poisoned = |_| io::Error::other("rendezvous lock poisoned");
+        count_shared_lock();
+        let mut state = self.state.lock().map_err(poisoned)?;
+        let generation = state.0;
+        state.1 += 1;
+        if state.1 == self.count {
+            *state = (generation + 1, 0);
+            self.all_arrived.notify_all();
+            return Ok(());
+        }
+        let (state, _) = self
+            .all_arrived
+            .wait_timeout_while(state, timeout, |s| s.0 == generation)
+            .map_err(|_| io::Error::other("rendezvous lock poisoned"))?;
+        if state.0 == generation {
+            return Err(io::Error::other(
+                "another vCPU never reached the rendezvous",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<'a, P: Personality> Runner<'a, P> {
+    /// This runner's view for a call into the core. Panics if it does not hold its pCPU: the
+    /// run loop only runs with it.
+    pub(super) fn parts(&mut self) -> Parts<'_, P> {
+        let cpu = self
+            .cpu
+            .as_mut()
+            .expect("a vCPU runs only while it holds its pCPU");
+        let pcpu = cpu.pmu.index();
+        Parts {
+            platform: KvmPlatform {
+                vm: self.vm,
+                vms: self.vms,
+                vcpu: &self.vcpu.fd,
+                me: self.me,
+                pcpu,
+                host: &self.shared.host,
+                physical_masked: &mut cpu.masked,
+                state: &mut self.state,
+            },
+            pmu: &mut cpu.pmu,
+            requests: &cpu.requests,
+            pmi_log: &mut cpu.pmi_log,
+            shared: self.shared,
+        }
+    }
+
+    /// This pCPU's software PMU model.
+    pub(super) fn model(&mut self) -> &mut P::Model {
+        self.cpu
+            .as_mut()
+            .expect("a vCPU runs only while it holds its pCPU")
+            .pmu
+            .hw_mut()
+    }
+
+    /// Completes the requests other pCPUs sent this one, in order (before the next guest
+    /// entry). Lock-free when there are none.
+    pub(super) fn complete_requests(&mut self) -> io::Result<()> {
+        loop {
+            let Some(request) = self.parts().requests.try_recv().ok() else {
+                return Ok(());
+            };
+            // An `Unload` of this vCPU delivers an overflow its save found at once.
+            self.recording_kept_pending(|p| {
+                p.shared
+                    .vpmu
+                    .complete_request(&mut p.platform, p.pmu, &p.shared.vcpus, request)
+            })
+            .map_err(|e| io::Error::other(format!("complete_request {request:?}: {e:?}")))?;
+        }
+    }
+
+    /// `Vpmu::context_switch` of this pCPU to this runner's vCPU (`Some`) or to none.
+    pub(super) fn switch(&mut self, next: Option<VcpuId>) -> Result<(), CoreError> {
+        if next.is_some() {
+            self.recording_kept_pending(|p| {
+                p.shared
+                    .vpmu
+                    .context_switch(&mut p.platform, p.pmu, &p.shared.vcpus, next)
+            })
+        } else {
+            let mut p = self.parts();
+            p.shared
+                .vpmu
+                .context_switch(&mut p.platform, p.pmu, &p.shared.vcpus, None)
+        }
+    }
+
+    /// Runs `call`, in which the core may route an overflow kept pending with this vCPU's
+    /// context (delivered where the vCPU resumes, `Platform::resume_regs`), and records such
+    /// a PMI in the pCPU's PMI log as `check_pmi` records the others.
+    fn recording_kept_pending<R>(&mut self, call: impl FnOnce(&mut Parts<'_, P>) -> R) -> R {
+        let me = self.me;
+        let stats = |r: &Self| r.shared.vcpus.lock(me).map(|v| *v.stats());
+        let before = stats(self);
+        let out = call(&mut self.parts());
+        let after = stats(self);
+        if let (Some(b), Some(a)) = (before, after) {
+            if a.pmis_kept_pending > b.pmis_kept_pending {
+                let delivered = a.pmis_delivered > b.pmis_delivered;
+                let dropped = a.pmis_dropped > b.pmis_dropped;
+                let regs = self.state.regs;
+                self.log_pmi(PmiRecord {
+                    running: me,
+                    hypervisor: false,
+                    regs,
+                    pcpu: self.pcpu,
+                    delivered_to: delivered.then_some(me),
+                    dropped,
+                });
+            }
+        }
+        out
+    }
+
+    fn log_pmi(&mut self, record: PmiRecord) {
+        let log = self.parts().pmi_log;
+        if log.len() < MAX_PMI_LOG {
+            log.push(record);
+        }
+    }
+
+    /// The end of this thread's time as its pCPU: completes what was sent to it, switches
+    /// the vCPU off (saving its context), and takes the pCPU out of service, so that no policy
+    /// change waits for it any more. Returns the pCPU's PMI record.
+    pub(super) fn leave_pcpu(&mut self) -> (Vec<PmiRecord>, Option<String>) {
+        if self.cpu.is_none() {
+            return (Vec::new(), None);
+        }
+        let mut error = self.complete_requests().err().map(|e| e.to_string());
+        if let Err(e) = self.switch(None) {
+            error.get_or_insert(format!("context_switch: {e:?}"));
+        }
+        let Some(mut cpu) = self.cpu.take() else {
+            return (Vec::new(), error);
+        };
+        let log = std::mem::take(&mut cpu.pmi_log);
+        let mut masked = cpu.masked;
+        let mut platform = KvmPlatform {
+            vm: self.vm,
+            vms: self.vms,
+            vcpu: &self.vcpu.fd,
+            me: self.me,
+            pcpu: cpu.pmu.index(),
+            host: &self.shared.host,
+            physical_masked: &mut masked,
+            state: &mut self.state,
+        };
+        if let Err(e) = self
+            .shared
+            .vpmu
+            .detach_pcpu(&mut platform, cpu.pmu, &self.shared.vcpus)
+        {
+            error.get_or_insert(format!("detach_pcpu: {e:?}"));
+        }
+        (log, error)
+    }
+
+    /// `inl` from the migrate port: every vCPU moves to the next pCPU ((p + 1) mod n), all at
+    /// once: each thread switches its vCPU off its pCPU (saving it from that model) and parks
+    /// the pCPU; once all are parked, each takes over the next pCPU and switches its vCPU in
+    /// there (loading it onto that model). Returns the new pCPU.
+    pub(super) fn migrate(&mut self, kick: &ThreadKick<'_>) -> io::Result<u32> {
+        if self.vms.len() > 1 {
+            // Several domains share one pCPU on one thread: nobody else would arrive.
+            return Err(io::Error::other(
+                "migration is only for the vCPUs of a one-domain run",
+            ));
+        }
+        self.barrier.wait(RENDEZVOUS_TIMEOUT)?;
+        let (from, to) = (self.pcpu, (self.pcpu + 1) % self.count);
+        let mut result = self
+            .complete_requests()
+            .and_then(|()| {
+                self.switch(None)
+                    .map_err(|e| io::Error::other(format!("{e:?}")))
+            })
+            .map_err(|e| io::Error::other(format!("migration off pCPU {from}: {e}")));
+        kick.unregister(from);
+        let parked = self.cpu.take();
+        *lock_shared(&self.shared.parking[from as usize]) = parked;
+        // Every vCPU is off its pCPU before any is loaded onto another.
+        self.barrier.wait(RENDEZVOUS_TIMEOUT)?;
+        self.cpu = lock_shared(&self.shared.parking[to as usize]).take();
+        if self.cpu.is_none() {
+            return Err(io::Error::other(format!(
+                "migration: pCPU {to} was not handed over"
+            )));
+        }
+        self.pcpu = to;
+        kick.register(to);
+        if result.is_ok() {
+            result = self
+                .switch(Some(self.me))
+                .map_err(|e| io::Error::other(format!("migration onto pCPU {to}: {e:?}")));
+        }
+        self.barrier.wait(RENDEZVOUS_TIMEOUT)?;
+        result.map(|()| to)
+    }
+
+    pub(super) fn run(mut self, timeout: Duration) -> RunResult {
+        let start = Instant::now();
+        let mut result = RunResult::default();
+        let switched = self.switch(Some(self.me));
+        // The kicker serves the timed source's overflows, the requests of other pCPUs and, in
+        // both modes, the watchdog: a guest spinning without exits is kicked out at the timeout.
+        let kick = ThreadKick::new(self.vcpu.fd.get_kvm_run(), &self.shared.host);
+        self.slices += 1;
+        let outcome = match (switched, kick) {
+            (Ok(()), Ok(kick)) => {
+                kick.register(self.pcpu);
+                let outcome = self
+                    .run_loop(timeout, start, &mut result, &kick, None)
+                    .map(|_| ());
+                let (_, left) = self.leave_pcpu();
+                outcome.and_then(|()| left.map_or(Ok(()), |e| Err(io::Error::other(e))))
+            }
+            (Err(e), _) => Err(io::Error::other(format!("context_switch: {e:?}"))),
+            (_, Err(e)) => Err(io::Error::other(e)),
+        };
+        if outcome.is_err() {
+            // Out of service on every path, so that the other threads' changes never wait
+            // for this pCPU.
+            let _ = self.leave_pcpu();
+        }
+        result.elapsed = start.elapsed();
+        result.pmis = self.state.pmis;
+        result.vcpu = Some(self.me);
+        result.pmi_contexts = std::mem::take(&mut self.state.pmi_contexts);
+        if let Err(e) = outcome {
+            result.error = Some(e.to_string());
+        }
+        result
+    }
+
+    /// Runs the vCPU until it writes its exit status (`Ok(true)`) or, with `slice`, until
+    /// that many exits have been handled (`Ok(false)`: the slice is over).
+    pub(super) fn run_loop(
+        &mut self,
+        timeout: Duration,
+        start: Instant,
+        result: &mut RunResult,
+        kick: &ThreadKick<'_>,
+        slice: Option<u64>,
+    ) -> io::Result<bool> {
+        let mut back: Option<Instant> = None;
+        let mut armed: Option<Instant> = None;
+        let precise = self.personality.source() == Source::Precise;
+        let mut exits = 0u64;
+        // The locks taken since the last exit, if it was a PMU MSR exit the vpmu answered.
+        let mut msr_exit: Option<LockCount> = None;
+        // Timed mode on a shared pCPU: a slice also ends after `SLICE_TIME` (a CPL3 workload
+        // may run without exits for as long as no counter is about to overflow).
+        let slice_end = (slice.is_some() && !precise).then(|| Instant::now() + SLICE_TIME);
+        loop {
+            if start.elapsed() > timeout {
+                return Err(io::Error::other(format!("timeout after {timeout:?}")));
+            }
+            if slice.is_some_and(|n| exits >= n) || slice_end.is_some_and(|e| Instant::now() >= e) {
+                // The slice ends after that exit: its locks are counted up to here.
+                if let Some(at) = msr_exit.take() {
+                    result.msr_exit_locks = result.msr_exit_locks + (locks_taken() - at);
+                }
+                return Ok(false);
+            }
+            exits += 1;
+            // What other pCPUs need of this one happens before the entry (their kick brought
+            // the vCPU out of KVM_RUN).
+            self.complete_requests()?;
+            if slice.is_some() && self.shared.host.woken_on(self.pcpu) {
+                // Another vCPU of this pCPU was sent the PMU VIRQ: let it run now.
+                if let Some(at) = msr_exit.take() {
+                    result.msr_exit_locks = result.msr_exit_locks + (locks_taken() - at);
+                }
+                return Ok(false);
+            }
+            if self.shared.host.has_queued(self.me) {
+                self.deliver_queued();
+            }
+            let mode = self.mode();
+            let personality = self.personality;
+            let model = self.model();
+            let counting = personality.counting(model);
+            // The model's own arithmetic on this thread's model: no copy, no lock.
+            let until_pmi = if counting && !precise {
+                model.cycles_until_pmi(mode)
+            } else {
+                None
+            };
+            let step = precise && counting;
+            // Round the overflow deadline up: the kick must not land before the overflow.
+            let overflow = until_pmi.map(|cycles| {
+                let ns = (u128::from(cycles) * 1_000_000).div_ceil(u128::from(self.tsc_khz));
+                Instant::now() + Duration::from_nanos(ns.min(u128::from(u64::MAX)) as u64)
+            });
+            let watchdog = start + timeout;
+            let mut deadline = overflow.map_or(watchdog, |o| o.min(watchdog));
+            if let Some(end) = slice_end {
+                deadline = deadline.min(end);
+            }
+            if armed != Some(deadline) {
+                kick.kick().arm(Some(deadline));
+                armed = Some(deadline);
+            }
+            self.vcpu.set_stepping(step)?;
+            if !step {
+                // An injected interrupt's handler runs unstepped: nothing to attribute.
+                self.state.injected = None;
+            }
+            if let Some(t) = back.take() {
+                let vmm_time = t.elapsed();
+                result.user_time.0 += 1;
+                result.user_time.1 += vmm_time.as_nanos() as u64;
+                if !precise {
+                    self.feed_vmm_cycles(vmm_time)?;
+                }
+            }
+            if let Some(at) = msr_exit.take() {
+                result.msr_exit_locks = result.msr_exit_locks + (locks_taken() - at);
+            }
+            let entered = Instant::now();
+            let exit = self.next_exit()?;
+            let ran = entered.elapsed();
+            back = Some(Instant::now());
+            let locks_at_exit = locks_taken();
+            self.sync = self.vcpu.fd.sync_regs();
+            self.state.regs = regs_of(&self.sync);
+            if !precise {
+                self.feed_cycles(ran);
+            }
+            self.activity = match &exit {
+                Exit::Rdmsr { .. } | Exit::Wrmsr { .. } => VmmActivity::MsrAccess,
+                Exit::In {
+                    port: port::HYPERCALL,
+                    ..
+                } => VmmActivity::Hypercall,
+                Exit::In { .. } | Exit::Out { .. } => VmmActivity::PortIo,
+                Exit::Kicked => VmmActivity::Kick,
+                Exit::Debug { .. } | Exit::Other(_) => VmmActivity::Other,
+            };
+            if self.activity == VmmActivity::MsrAccess && self.handler == MsrHandler::Vpmu {
+                msr_exit = Some(locks_at_exit);
+            }
+            match exit {
+                Exit::Debug { pc } => {
+                    result.steps += 1;
+                    self.retire();
+                    self.next_rip = pc;
+                }
+                Exit::Rdmsr { index, data, error } => {
+                    result.msr_exits += 1;
+                    self.next_rip = self.sync.regs.rip;
+                    let t = Instant::now();
+                    let value = self.rdmsr(index);
+                    self.account(result, t);
+                    // SAFETY: both point into the vCPU's kvm_run page, mapped while the vCPU
+                    // fd lives; no reference to that page is alive now.
+                    unsafe {
+                        match value {
+                            Some(v) => *data = v,
+                            None => *error = 1,
+                        }
+                    }
+                }
+                Exit::Wrmsr {
+                    index,
+                    value,
+                    error,
+                } => {
+                    result.msr_exits += 1;
+                    self.next_rip = self.sync.regs.rip;
+                    let t = Instant::now();
+                    let ok = self.wrmsr(index, value);
+                    self.account(result, t);
+                    if !ok {
+                        // SAFETY: as for reads.
+                        unsafe { *error = 1 };
+                    }
+                }
+                Exit::Out { port, value } => match port {
+                    port::CONSOLE => result.console.push(char::from(value as u8)),
+                    port::EXIT => {
+                        result.status = Some(value);
+                        return Ok(true);
+                    }
+                    port::YIELD if slice.is_some() => {
+                        self.check_pmi()?;
+                        return Ok(false);
+                    }
+                    port::CONTROL => {
+                        self.handler = if value == 1 {
+                            MsrHandler::Null
+                        } else {
+                            MsrHandler::Vpmu
+                        }
+                    }
+                    other => {
+                        if let Some(extension) = self.extension {
+                            let access = PortAccess {
+                                vcpu: self.me,
+                                memory: &self.vm.mem,
+                            };
+                            extension.out(access, other, value).map_err(|e| {
+                                io::Error::other(format!("port {other:#x} <- {value:#x}: {e}"))
+                            })?;
+                        }
+                    }
+                },
+                Exit::In { port, data, len } => {
+                    let value = match port {
+                        port::HYPERCALL => self.hypercall(start + timeout)?,
+                        port::MIGRATE => self.migrate(kick)?,
+                        port::SLICES => self.slices,
+                        port::PMI_CONTEXT => {
+                            self.state.last_pmi.map_or(u32::MAX, |c| c.port_value())
+                        }
+                        _ => u32::MAX,
+                    };
+                    let bytes = value.to_le_bytes();
+                    // SAFETY: `data` points at `len` bytes of the kvm_run page (the I/O data
+                    // area KVM named in the exit), alive while the vCPU fd lives.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, len.min(4)) };
+                }
+                Exit::Kicked => {
+                    result.kicks += 1;
+                    // The kicker fired and forgot its deadline (or another pCPU kicked: the
+                    // deadline is re-armed either way).
+                    armed = None;
+                }
+                Exit::Other(what) => return Err(io::Error::other(what)),
+            }
+            self.check_pmi()?;
+        }
+    }
+
+    /// The guest's execution mode at the last exit.
+    pub(super) fn mode(&self) -> ExecMode {
+        ExecMode {
+            cpl: (self.sync.sregs.cs.selector & 3) as u8,
+            host: false,
+        }
+    }
+
+    /// Performs the LVTPC deliveries queued for this vCPU by other threads or vCPUs
+    /// (`LvtpcDelivery::Queued`) on its own LAPIC, before its next entry, and reports each
+    /// outcome to the core.
+    fn deliver_queued(&mut self) {
+        let me = self.me;
+        let shared = self.shared;
+        for q in shared.host.take_queued(me) {
+            let delivered = self
+                .parts()
+                .platform
+                .inject_lvtpc(q.mask_on_delivery, q.context);
+            if let Some(mut v) = shared.vcpus.lock(me) {
+                shared.vpmu.lvtpc_delivery_done(&mut v, delivered);
+            }
+        }
+    }
+
+    pub(super) fn check_pmi(&mut self) -> io::Result<()> {
+        let pcpu = self.pcpu;
+        let mut p = self.parts();
+        if *p.platform.physical_masked || !p.pmu.hw_mut().take_pmi() {
+            return Ok(());
+        }
+        let outcome = p
+            .shared
+            .vpmu
+            .handle_pmi(&mut p.platform, p.pmu, &p.shared.vcpus);
+        if let Ok(o) = outcome {
+            let delivered_to = match o {
+                PmiOutcome::Delivered { to, .. } => Some(to),
+                _ => None,
+            };
+            if p.pmi_log.len() < MAX_PMI_LOG {
+                p.pmi_log.push(PmiRecord {
+                    running: p.platform.me,
+                    hypervisor: p.platform.state.hypervisor.is_some(),
+                    regs: p.platform.interrupted_regs(),
+                    pcpu,
+                    delivered_to,
+                    dropped: matches!(o, PmiOutcome::Dropped { .. }),
+                });
+            }
+        }
+        outcome
+            .map(|_| ())
+            .map_err(|e| io::Error::other(format!("handle_pmi: {e:?}")))
+    }
+}

@@ -1,0 +1,352 @@
+//! One profiling run: the profiler domain and the workload domains on one shared pCPU (the
+//! timed event source), configured through their `profile_config`, run for the duration, and
+//! what they shipped decoded.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kvm_bindings::CpuId;
+use kvm_ioctls::Kvm;
+use vpmu::abi::{XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_SELF};
+use zerocopy::IntoBytes;
+
+use super::protocol::{
+    BatchPort, CONFIG_MAGIC, CONFIG_SYMBOL, ProfileConfig, ROLE_PROFILER, ROLE_WORKLOAD, Shipment,
+    decode,
+};
+use super::workloads::Workload;
+use vpmu::VcpuId;
+use vpmu_machine::symbols::Symbols;
+
+use vpmu_machine::personality::Personality;
+use vpmu_machine::{Layout, Machine, PRIVILEGED_DOMAIN, RunResult};
+
+/// The symbol of the workloads' progress counters (`work_stats` in `profile/work.c`).
+const WORK_STATS_SYMBOL: &str = "work_stats";
+
+/// What a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The privileged profiler samples every domain on the pCPU (passive domains).
+    All,
+    /// Every domain samples itself; the profiler also samples the hypervisor (the VMM).
+    Hv,
+    /// Every domain samples itself.
+    SelfOnly,
+}
+
+impl Mode {
+    /// `XENPMU_MODE_*`.
+    pub fn xenpmu(self) -> u64 {
+        match self {
+            Self::All => XENPMU_MODE_ALL,
+            Self::Hv => XENPMU_MODE_HV,
+            Self::SelfOnly => XENPMU_MODE_SELF,
+        }
+    }
+
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Hv => "hv",
+            Self::SelfOnly => "self",
+        }
+    }
+
+    /// Whether the workload domains sample themselves.
+    pub fn workloads_sample(self) -> bool {
+        self != Self::All
+    }
+}
+
+/// One workload domain of a run.
+#[derive(Clone, Debug)]
+pub struct DomainPlan {
+    /// The image's name for reports (`work.elf`, or the user's file name).
+    pub name: String,
+    /// The guest ELF.
+    pub image: Vec<u8>,
+    /// The built-in workload it runs, if it is one (its shares are known).
+    pub workload: Option<Workload>,
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// What is measured.
+    pub mode: Mode,
+    /// Samples per second of CPU time (0: none, the baseline for the slowdown).
+    pub frequency: u64,
+    /// How long the samplers sample.
+    pub duration: Duration,
+    /// The workload domains (domains 1..; domain 0 is the profiler).
+    pub workloads: Vec<DomainPlan>,
+    /// vCPUs of each workload domain.
+    pub vcpus: u32,
+    /// pCPUs (host threads); the profiler has one vCPU per pCPU.
+    pub pcpus: u32,
+    /// Draw a progress bar (on a terminal).
+    pub progress: bool,
+}
+
+/// Progress counters of one workload vCPU (`work_stats[vCPU]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkStats {
+    /// Rounds of its loop completed.
+    pub rounds: u64,
+    /// TSC ticks they took.
+    pub ticks: u64,
+}
+
+impl WorkStats {
+    /// Rounds per second at `tsc_khz` (0 when nothing ran).
+    pub fn rate(&self, tsc_khz: u64) -> f64 {
+        if self.ticks == 0 {
+            0.0
+        } else {
+            self.rounds as f64 * tsc_khz as f64 * 1000.0 / self.ticks as f64
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunData {
+    /// The plan's mode.
+    pub mode: Mode,
+    /// The plan's frequency.
+    pub frequency: u64,
+    /// Guest TSC kHz (cycles: the timed source counts TSC ticks).
+    pub tsc_khz: u64,
+    /// The counter period the samplers were given (cycles).
+    pub period: u64,
+    /// The plan's pCPUs.
+    pub pcpus: u32,
+    /// The plan's vCPUs per workload domain.
+    pub vcpus: u32,
+    /// Each vCPU's result, by domain, then vCPU (the first is the profiler's; its `pmi_log` is
+    /// the VMM's record of every PMI).
+    pub results: Vec<RunResult>,
+    /// What each vCPU that shipped samples shipped, in the same order.
+    pub shipments: Vec<(VcpuId, Shipment)>,
+    /// Each workload domain's progress per vCPU, by domain index (empty: no `work_stats` in
+    /// its image; the profiler's is always empty).
+    pub work: Vec<Vec<WorkStats>>,
+    /// Wall time of the run.
+    pub wall: Duration,
+}
+
+impl RunData {
+    /// Every sample shipped, by shipping vCPU in domain and vCPU order.
+    pub fn samples(&self) -> impl Iterator<Item = &super::sample::ProfileSample> {
+        self.shipments.iter().flat_map(|(_, s)| &s.samples)
+    }
+
+    /// A workload domain's progress: the sum of its vCPUs' rounds per second.
+    pub fn work_rate(&self, domain: usize) -> Option<f64> {
+        let vcpus = self.work.get(domain).filter(|w| !w.is_empty())?;
+        Some(vcpus.iter().map(|w| w.rate(self.tsc_khz)).sum())
+    }
+}
+
+/// The counter period for `frequency` samples per second of `tsc_khz` cycles, and its jitter
+/// mask (the largest `2^k - 1` not above half the period: a fixed period aliases with periodic
+/// workloads).
+pub fn period_for(frequency: u64, tsc_khz: u64) -> (u64, u64) {
+    if frequency == 0 {
+        return (0, 0);
+    }
+    let period = (tsc_khz * 1000 / frequency).max(1);
+    let half = (period / 2).max(1);
+    let jitter = (1u64 << (63 - half.leading_zeros())) - 1;
+    (period, jitter)
+}
+
+/// Writes `config` at `image`'s `profile_config` in `domain`'s memory; Ok(false) if the image
+/// has no such symbol (a user's guest that does not take part in the protocol).
+fn configure<P: Personality>(
+    machine: &Machine<P>,
+    domain: u32,
+    image: &[u8],
+    config: &ProfileConfig,
+) -> Result<bool, String> {
+    let Some((gpa, size)) = Symbols::address_of(image, CONFIG_SYMBOL)? else {
+        return Ok(false);
+    };
+    if size != 0 && size as usize != size_of::<ProfileConfig>() {
+        return Err(format!(
+            "domain {domain}: `{CONFIG_SYMBOL}` is {size} bytes, the protocol's is {}",
+            size_of::<ProfileConfig>()
+        ));
+    }
+    let mem = machine.memory(domain).ok_or("no such domain")?;
+    let dst = mem
+        .slice_mut(gpa, size_of::<ProfileConfig>())
+        .ok_or_else(|| format!("domain {domain}: `{CONFIG_SYMBOL}` at {gpa:#x} is not in RAM"))?;
+    dst.copy_from_slice(config.as_bytes());
+    Ok(true)
+}
+
+/// Runs `plan` under personality `p` and decodes what the guests shipped.
+pub fn run<P: Personality + Copy + Sync>(
+    kvm: &Kvm,
+    cpuid: &CpuId,
+    p: P,
+    plan: &Plan,
+) -> Result<RunData, String> {
+    let profiler: &[u8] = vpmu_guests::PROFILER;
+    let images: Vec<&[u8]> = std::iter::once(profiler)
+        .chain(plan.workloads.iter().map(|w| w.image.as_slice()))
+        .collect();
+    let domains = images.len() as u32;
+    let mut machine = Machine::with_images(
+        kvm,
+        p,
+        cpuid,
+        &|d| images[d as usize],
+        0,
+        Layout::SharedPcpus {
+            pcpus: plan.pcpus,
+            domains,
+            vcpus: plan.vcpus,
+        },
+    )
+    .map_err(|e| format!("VM setup failed: {e}"))?;
+    let tsc_khz = u64::from(machine.tsc_khz().ok_or("KVM reports no TSC frequency")?);
+    let (period, jitter) = period_for(plan.frequency, tsc_khz);
+    let duration = (plan.duration.as_micros() as u64).saturating_mul(tsc_khz) / 1000;
+    let config = |role, workload| ProfileConfig {
+        magic: CONFIG_MAGIC,
+        role,
+        mode: plan.mode.xenpmu() as u32,
+        workload,
+        period,
+        jitter,
+        duration,
+    };
+    if !configure(
+        &machine,
+        PRIVILEGED_DOMAIN,
+        profiler,
+        &config(ROLE_PROFILER, 0),
+    )? {
+        return Err("the profiler image has no profile_config".into());
+    }
+    // The run ends with the profiler and, when they sample themselves, the workloads that
+    // take part in the protocol; the rest are stopped then.
+    let mut finish_with = vec![PRIVILEGED_DOMAIN];
+    for (i, w) in plan.workloads.iter().enumerate() {
+        let domain = i as u32 + 1;
+        let number = w.workload.map_or(0, |w| w.number);
+        let takes_part = configure(&machine, domain, &w.image, &config(ROLE_WORKLOAD, number))?;
+        if takes_part && plan.mode.workloads_sample() && plan.frequency != 0 {
+            finish_with.push(domain);
+        }
+        if let Some((gpa, _)) = Symbols::address_of(&w.image, WORK_STATS_SYMBOL)? {
+            machine
+                .peek_after_run(domain, gpa, 16 * plan.vcpus as usize)
+                .ok_or_else(|| format!("domain {domain}: `{WORK_STATS_SYMBOL}` is not in RAM"))?;
+        }
+    }
+    machine.finish_with(finish_with);
+    let port = std::sync::Arc::new(BatchPort::default());
+    machine.extend(port.clone());
+    let timeout = plan.duration + Duration::from_secs(60);
+    let start = Instant::now();
+    let done = AtomicBool::new(false);
+    let results = std::thread::scope(|s| {
+        if plan.progress {
+            s.spawn(|| progress(plan, &done, &port));
+        }
+        let results = machine.run(timeout);
+        done.store(true, Ordering::Relaxed);
+        results
+    });
+    let wall = start.elapsed();
+    let mut shipments = Vec::new();
+    let mut batches = port.take();
+    let mut work = vec![Vec::new(); domains as usize];
+    for r in &results {
+        let id = r.vcpu.ok_or("a vCPU result without its vCPU")?;
+        let who = format!("domain {} vCPU {}", id.domain, id.vcpu);
+        if let Some(e) = &r.error {
+            return Err(format!(
+                "{who} failed: {e}\n{}",
+                vpmu_machine::indent(&r.console, "  | ")
+            ));
+        }
+        if !r.stopped && r.status != Some(0) {
+            return Err(format!(
+                "{who} exited with status {:?}\n{}",
+                r.status,
+                vpmu_machine::indent(&r.console, "  | ")
+            ));
+        }
+        if let Some(shipped) = batches.remove(&id) {
+            shipments.push((id, decode(id.domain, &shipped)?));
+        }
+        // The domain's first vCPU carries its `work_stats` array, one entry per vCPU.
+        if let (Some((_, bytes)), Some(slot)) = (r.peeked.first(), work.get_mut(id.domain as usize))
+        {
+            let word = |i: usize| {
+                bytes
+                    .get(i..i + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u64::from_le_bytes)
+            };
+            *slot = (0..plan.vcpus as usize)
+                .map(|v| WorkStats {
+                    rounds: word(16 * v),
+                    ticks: word(16 * v + 8),
+                })
+                .collect();
+        }
+    }
+    Ok(RunData {
+        mode: plan.mode,
+        frequency: plan.frequency,
+        tsc_khz,
+        period,
+        pcpus: plan.pcpus,
+        vcpus: plan.vcpus,
+        results,
+        shipments,
+        work,
+        wall,
+    })
+}
+
+/// Draws the progress bar until `done`: elapsed time against the duration, and the samples
+/// shipped so far (indicatif draws nothing when stderr is not a terminal).
+fn progress(plan: &Plan, done: &AtomicBool, port: &BatchPort) {
+    let total = plan.duration.as_millis() as u64;
+    let bar = ProgressBar::new(total.max(1));
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:40}] {elapsed_precise} {msg}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(format!("{} mode, {} Hz", plan.mode.name(), plan.frequency));
+    let start = Instant::now();
+    while !done.load(Ordering::Relaxed) {
+        bar.set_position((start.elapsed().as_millis() as u64).min(total));
+        bar.set_message(format!("{} samples shipped", port.shipped()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bar.finish_and_clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn period_and_jitter() {
+        // 1 kHz at a 2 GHz TSC: 2 M cycles, jitter 2^19 - 1 (the largest 2^k - 1 <= 1 M).
+        assert_eq!(period_for(1000, 2_000_000), (2_000_000, (1 << 19) - 1));
+        assert_eq!(period_for(0, 2_000_000), (0, 0));
+        let (p, j) = period_for(10_000, 2_500_000);
+        assert_eq!(p, 250_000);
+        assert!(j < p / 2 + 1 && (j + 1).is_power_of_two());
+    }
+}
