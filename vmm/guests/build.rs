@@ -5,6 +5,10 @@
 //! switch, console, IDT/LAPIC helpers and the guest's vPMU driver); a path in `PROGRAMS` is
 //! relative to this crate.
 //!
+//! Every constant the guests share with the VMM (ports, the profile protocol, case numbers,
+//! the result record) comes from `vpmu-guest-protocol`, written here as `guest_protocol.h` in
+//! `OUT_DIR` (on the include path) before anything is compiled.
+//!
 //! `compat.elf` also holds a 32-bit consumer (`gcc -m32`, `compat32.c` with the ABI header
 //! `abi/include/xenpmu.h`), made flat and embedded at 0x200000. If `-m32` code cannot be
 //! built here (no gcc-multilib), `compat.elf` is left empty with a `cargo:warning`, and the
@@ -54,7 +58,8 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("coverage", &["coverage/coverage.c"]),
 ];
 
-/// Header directories: the runtime's, the consumers' and the ABI's.
+/// Header directories: the runtime's, the consumers' and the ABI's (and `OUT_DIR`, where
+/// `guest_protocol.h` is generated).
 const INCLUDE_DIRS: &[&str] = &["runtime", "selftest", "profile", "../../abi/include"];
 
 /// An object file name for `src` unique across the groups (`selftest/pmu.c` -> `selftest_pmu.o`).
@@ -114,6 +119,8 @@ fn compile(src: &Path, obj: &Path) {
     for dir in INCLUDE_DIRS {
         gcc.arg("-I").arg(root.join(dir));
     }
+    gcc.arg("-I")
+        .arg(env::var("OUT_DIR").expect("cargo sets it"));
     run(gcc.arg("-c").arg(src).arg("-o").arg(obj));
 }
 
@@ -141,6 +148,8 @@ fn build_compat32(guest: &Path, abi_include: &Path, out: &Path) -> Result<PathBu
                 .args(CFLAGS32)
                 .arg("-I")
                 .arg(abi_include)
+                .arg("-I")
+                .arg(out)
                 .arg("-c")
                 .arg(guest.join(src))
                 .arg("-o")
@@ -225,6 +234,9 @@ fn build_compat(guest: &Path, out: &Path, common: &[PathBuf]) {
 fn main() {
     let guest = Path::new(&env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
+    let mut header = String::new();
+    vpmu_guest_protocol::write_c_header(&mut header).expect("formatting into a String");
+    std::fs::write(out.join("guest_protocol.h"), header).expect("write guest_protocol.h");
     for file in [
         "runtime/rt.c",
         "runtime/rt.h",

@@ -1,93 +1,332 @@
 //! `vpmu`: the reference VMM of the vpmu project on KVM (kvm-ioctls/kvm-bindings).
 //!
 //! * `vpmu profile [options]`: system-wide sampling of guest domains by a privileged profiling
-//!   domain, per-domain reports, flamegraph, JSON, built-in validation (`profile::USAGE`).
+//!   domain, per-domain reports, flamegraph, JSON, built-in validation (`vpmu-profile`).
 //! * `vpmu selftest [--vendor intel|amd|both] [-v]`: the guest conformance suite, a result table.
-//! * `vpmu coverage [--out DIR] [--no-suite]`: the vPMU's code coverage under the suite, read by
-//!   a guest through `XENPMU_OP_COVERAGE` (`coverage::USAGE`).
 //! * `vpmu bench [--vendor ...]`: the cost of a PMU MSR exit handled by the vpmu vs a null handler.
+//! * `vpmu coverage [--out DIR] [--no-suite]` and `vpmu coverage report FILE [--binary ELF]
+//!   [--out DIR]`: the vPMU's code coverage under the suite, read by a guest through
+//!   `XENPMU_OP_COVERAGE` (`vpmu-coverage`).
 //!
-//! One VM per domain (one or several per run), long-mode guests from `guest/` (built by
-//! `build.rs`), one software PMU model per pCPU driven by the vpmu core through
-//! `vpmu::Platform`.
+//! This binary only parses and checks the arguments (one `clap` definition: every option is
+//! validated before `/dev/kvm` is opened), checks `/dev/kvm`, calls a library and maps its
+//! result to the exit status: 0 ok, 1 a check failed or the run broke, 2 bad usage, 3
+//! coverage without `XENPMU_OP_COVERAGE`, 77 no usable `/dev/kvm`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use vpmu_coverage as coverage;
 use vpmu_machine::kvm;
 use vpmu_profile as profile;
 use vpmu_selftest as selftest;
-use vpmu_selftest::VendorChoice;
 
-fn usage() -> ExitCode {
-    eprintln!(
-        "usage: vpmu profile [options]   (vpmu profile --help)\n       vpmu coverage [options]  (vpmu coverage --help)\n       vpmu selftest [--vendor intel|amd|both] [-v]\n       vpmu bench [--vendor intel|amd|both]"
-    );
+/// A virtual PMU for x86 hypervisors: the reference VMM on KVM.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vpmu",
+    version,
+    propagate_version = true,
+    subcommand_required = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Profile a whole virtual machine (docs/profile.md).
+    ///
+    /// A privileged domain samples guest domains through its xenpmu page; per-domain report,
+    /// flamegraph, JSON, built-in checks. Exit status: 0 every check passed, 1 a check failed
+    /// or the run broke, 2 bad options, 77 no /dev/kvm.
+    Profile(ProfileArgs),
+    /// Run the guest-visible PMU conformance suite on every PMU personality.
+    Selftest(SelftestArgs),
+    /// Measure a PMU MSR exit handled by the vpmu against a null handler.
+    Bench(BenchArgs),
+    /// The vPMU's code coverage under the conformance suite (docs/coverage.md).
+    ///
+    /// Read by a guest through XENPMU_OP_COVERAGE. Exit status: 0 every check passed, 1 a
+    /// check failed, 2 bad options, 3 this vpmu was built without XENPMU_OP_COVERAGE
+    /// (scripts/coverage.sh builds it), 77 no /dev/kvm.
+    #[command(args_conflicts_with_subcommands = true)]
+    Coverage(CoverageArgs),
+}
+
+/// What the guests measure (`--mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    /// The profiler samples every domain.
+    All,
+    /// Every domain samples itself and the profiler also samples the VMM.
+    Hv,
+    /// Every domain samples itself.
+    #[value(name = "self")]
+    SelfOnly,
+}
+
+/// The PMU the profiled guests see (`--vendor`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum VendorArg {
+    /// Intel architectural PMU v5.
+    Intel,
+    /// AMD PerfMonV2.
+    Amd,
+}
+
+/// The personalities the suite and the benchmark run (`--vendor`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum VendorsArg {
+    /// Intel v5 and v2.
+    Intel,
+    /// AMD PerfMonV2 and legacy K7.
+    Amd,
+    /// Both vendors.
+    Both,
+}
+
+impl From<VendorsArg> for selftest::VendorChoice {
+    fn from(v: VendorsArg) -> Self {
+        match v {
+            VendorsArg::Intel => Self::Intel,
+            VendorsArg::Amd => Self::Amd,
+            VendorsArg::Both => Self::Both,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct ProfileArgs {
+    /// Seconds to sample (0.2 to 600).
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = parse_duration)]
+    duration: Duration,
+    /// Samples per second of CPU time.
+    #[arg(
+        long,
+        value_name = "HZ",
+        default_value_t = 2000,
+        value_parser = clap::value_parser!(u64).range(profile::MIN_FREQUENCY..=profile::MAX_FREQUENCY)
+    )]
+    frequency: u64,
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = ModeArg::All)]
+    mode: ModeArg,
+    /// The PMU the guests see: intel (architectural v5) or amd (PerfMonV2).
+    #[arg(long, value_enum, default_value_t = VendorArg::Intel)]
+    vendor: VendorArg,
+    /// A static ELF64 guest to profile instead of the built-in workloads (repeat for more
+    /// domains, at most 7); symbolized from its own symbol table. Each of its vCPUs enters its
+    /// entry point (RSI = domain, LAPIC ID = vCPU): a guest that is not SMP-safe wants
+    /// --vcpus 1.
+    #[arg(long = "guest", value_name = "ELF")]
+    guests: Vec<PathBuf>,
+    /// vCPUs of each workload domain (1 to 8); vCPU i runs on pCPU i mod pcpus.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 2,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(profile::MAX_VCPUS))
+    )]
+    vcpus: u32,
+    /// pCPUs, each a host thread time-slicing its vCPUs (1 to 8); the profiling domain has
+    /// one vCPU per pCPU.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 2,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(profile::MAX_PCPUS))
+    )]
+    pcpus: u32,
+    /// Output directory: report.txt, profile.json, flamegraph.svg, samples.jsonl (every
+    /// sample with its full register set).
+    #[arg(long, value_name = "DIR", default_value = "profile-out")]
+    out: PathBuf,
+    /// Functions per domain in the text report (at least 1).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    top: u64,
+    /// Skip the self-mode run that all mode with the built-in workloads makes to check that
+    /// both modes rank each domain's functions alike (seed 002).
+    #[arg(long)]
+    no_compare: bool,
+    /// Instead of one profile: delivered vs dropped samples and the workloads' slowdown at 1,
+    /// 4 and 10 kHz in all and self mode (writes sweep.json).
+    #[arg(long)]
+    sweep: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// `--duration`: seconds, within the profiler's limits.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| "not a number of seconds".to_string())?;
+    if !(profile::MIN_DURATION_S..=profile::MAX_DURATION_S).contains(&secs) {
+        return Err(format!(
+            "must be {} to {} seconds",
+            profile::MIN_DURATION_S,
+            profile::MAX_DURATION_S
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl ProfileArgs {
+    /// The library's options; the checks clap cannot express (the number of `--guest`s).
+    fn options(self) -> Result<profile::Options, clap::Error> {
+        if self.guests.len() > profile::MAX_GUESTS {
+            return Err(Cli::command().error(
+                ErrorKind::TooManyValues,
+                format!(
+                    "at most {} --guest images ({} given)",
+                    profile::MAX_GUESTS,
+                    self.guests.len()
+                ),
+            ));
+        }
+        Ok(profile::Options {
+            duration: self.duration,
+            frequency: self.frequency,
+            mode: match self.mode {
+                ModeArg::All => profile::run::Mode::All,
+                ModeArg::Hv => profile::run::Mode::Hv,
+                ModeArg::SelfOnly => profile::run::Mode::SelfOnly,
+            },
+            vendor: match self.vendor {
+                VendorArg::Intel => profile::Vendor::Intel,
+                VendorArg::Amd => profile::Vendor::Amd,
+            },
+            guests: self.guests,
+            vcpus: self.vcpus,
+            pcpus: self.pcpus,
+            out: self.out,
+            top: usize::try_from(self.top).unwrap_or(usize::MAX),
+            compare: !self.no_compare,
+            sweep: self.sweep,
+            progress: !self.quiet,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+struct SelftestArgs {
+    /// The personalities to run.
+    #[arg(long, value_enum, default_value_t = VendorsArg::Both)]
+    vendor: VendorsArg,
+    /// Print every case's console.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// The personalities to measure.
+    #[arg(long, value_enum, default_value_t = VendorsArg::Both)]
+    vendor: VendorsArg,
+}
+
+#[derive(Debug, Args)]
+struct CoverageArgs {
+    #[command(subcommand)]
+    action: Option<CoverageAction>,
+    /// Output directory: vpmu.profraw (after the conformance suite), after-reset.profraw,
+    /// checks.txt, and with llvm-cov: report.txt, coverage.lcov, html/, uncovered.txt.
+    #[arg(long, value_name = "DIR", default_value = coverage::DEFAULT_OUT)]
+    out: PathBuf,
+    /// Read the coverage without running the conformance suite first.
+    #[arg(long)]
+    no_suite: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum CoverageAction {
+    /// Validate a raw profile read earlier (header, sizes, counters, names; against the
+    /// binary too, which defaults to this one) and report it with llvm-cov if installed.
+    Report {
+        /// The raw profile (.profraw).
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// The instrumented ELF the profile came from (default: this binary).
+        #[arg(long, value_name = "ELF")]
+        binary: Option<PathBuf>,
+        /// Output directory: report.txt, coverage.lcov, html/, uncovered.txt.
+        #[arg(long, value_name = "DIR", default_value = coverage::DEFAULT_OUT)]
+        out: PathBuf,
+    },
+}
+
+/// Bad usage: clap's first paragraph on one line (the problem, with the possible values if
+/// any) and its pointer to `--help`; no usage dump. Help and version go to stdout with status 0.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        eprintln!("error: a subcommand is required: profile, selftest, bench or coverage");
+        eprintln!("For more information, try '--help'.");
+        return ExitCode::from(2);
+    }
+    let text = e.render().to_string();
+    let problem = text
+        .split("\n\n")
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("{problem}");
+    if let Some(hint) = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("For more information"))
+    {
+        eprintln!("{hint}");
+    }
     ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(cmd) = args.first() else {
-        return usage();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
     };
-    if cmd == "profile" {
-        return profile_command(&args[1..]);
-    }
-    if cmd == "coverage" {
-        return coverage_command(&args[1..]);
-    }
-    let mut vendor = VendorChoice::Both;
-    let mut verbose = false;
-    let mut rest = args[1..].iter();
-    while let Some(a) = rest.next() {
-        match a.as_str() {
-            "--vendor" => {
-                vendor = match rest.next().map(String::as_str) {
-                    Some("intel") => VendorChoice::Intel,
-                    Some("amd") => VendorChoice::Amd,
-                    Some("both") => VendorChoice::Both,
-                    _ => return usage(),
-                }
-            }
-            "-v" | "--verbose" => verbose = true,
-            _ => return usage(),
-        }
-    }
-    let kvm = match kvm::usable() {
-        Ok(kvm) => kvm,
-        Err(e) => {
-            eprintln!("SKIPPED: /dev/kvm not available ({e})");
-            println!("SKIPPED: /dev/kvm not available ({e})");
-            return ExitCode::from(77);
-        }
-    };
-    match cmd.as_str() {
-        "selftest" => match selftest::selftest(&kvm, vendor, verbose) {
-            Ok(results) => {
-                print!("{}", selftest::table(&results));
-                if results.iter().all(|r| r.failed == 0) {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-            Err(e) => {
-                eprintln!("selftest: {e}");
-                ExitCode::FAILURE
-            }
+    match cli.command {
+        Command::Profile(args) => match args.options() {
+            Ok(options) => profile_command(&options),
+            Err(e) => usage_error(&e),
         },
-        "bench" => match selftest::bench(&kvm, vendor) {
-            Ok(s) => {
-                print!("{s}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("bench: {e}");
+        Command::Selftest(args) => suite_command(args.vendor.into(), Some(args.verbose)),
+        Command::Bench(args) => suite_command(args.vendor.into(), None),
+        Command::Coverage(CoverageArgs {
+            action: Some(CoverageAction::Report { file, binary, out }),
+            ..
+        }) => coverage::report(&coverage::ReportOptions { file, binary, out }).map_or_else(
+            |e| {
+                eprintln!("vpmu coverage report: {e}");
                 ExitCode::FAILURE
-            }
-        },
-        _ => usage(),
+            },
+            |()| ExitCode::SUCCESS,
+        ),
+        Command::Coverage(CoverageArgs {
+            action: None,
+            out,
+            no_suite,
+        }) => coverage_command(&coverage::Options {
+            out,
+            suite: !no_suite,
+        }),
     }
 }
 
@@ -102,25 +341,51 @@ fn kvm_for(command: &str) -> Result<kvm_ioctls::Kvm, ExitCode> {
     })
 }
 
-/// `vpmu profile`: exit 0 if every built-in check passed, 1 if one failed or the run broke,
-/// 2 for bad options, 77 without a usable /dev/kvm.
-fn profile_command(args: &[String]) -> ExitCode {
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{}", profile::USAGE);
-        return ExitCode::SUCCESS;
-    }
-    let options = match profile::Options::parse(args) {
-        Ok(o) => o,
+/// `vpmu selftest` (`verbose` is Some) or `vpmu bench`.
+fn suite_command(vendor: selftest::VendorChoice, verbose: Option<bool>) -> ExitCode {
+    let kvm = match kvm::usable() {
+        Ok(kvm) => kvm,
         Err(e) => {
-            eprintln!("vpmu profile: {e}\n{}", profile::USAGE);
-            return ExitCode::from(2);
+            eprintln!("SKIPPED: /dev/kvm not available ({e})");
+            println!("SKIPPED: /dev/kvm not available ({e})");
+            return ExitCode::from(77);
         }
     };
+    let Some(verbose) = verbose else {
+        return match selftest::bench(&kvm, vendor) {
+            Ok(s) => {
+                print!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    };
+    match selftest::selftest(&kvm, vendor, verbose) {
+        Ok(results) => {
+            print!("{}", selftest::table(&results));
+            if results.iter().all(|r| r.failed == 0) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("selftest: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `vpmu profile`: 0 if every built-in check passed, 1 if one failed or the run broke.
+fn profile_command(options: &profile::Options) -> ExitCode {
     let kvm = match kvm_for("profile") {
         Ok(kvm) => kvm,
         Err(code) => return code,
     };
-    match profile::profile(&kvm, &options) {
+    match profile::profile(&kvm, options) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("vpmu profile: a check FAILED (see the report)");
@@ -133,31 +398,154 @@ fn profile_command(args: &[String]) -> ExitCode {
     }
 }
 
-/// `vpmu coverage`: exit statuses as `coverage::USAGE` lists them.
-fn coverage_command(args: &[String]) -> ExitCode {
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{}", coverage::USAGE);
-        return ExitCode::SUCCESS;
-    }
-    if args.first().map(String::as_str) == Some("report") {
-        return coverage::report_command(&args[1..]).unwrap_or_else(|e| {
-            eprintln!("vpmu coverage report: {e}");
-            ExitCode::FAILURE
-        });
-    }
-    let options = match coverage::Options::parse(args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("vpmu coverage: {e}\n{}", coverage::USAGE);
-            return ExitCode::from(2);
-        }
-    };
+/// `vpmu coverage`: 0 passed, 1 a check failed or the run broke, 3 `-EOPNOTSUPP`.
+fn coverage_command(options: &coverage::Options) -> ExitCode {
     let kvm = match kvm_for("coverage") {
         Ok(kvm) => kvm,
         Err(code) => return code,
     };
-    coverage::command(&kvm, &options).unwrap_or_else(|e| {
-        eprintln!("vpmu coverage: {e}");
-        ExitCode::FAILURE
-    })
+    match coverage::command(&kvm, options) {
+        Ok(coverage::Outcome::Passed) => ExitCode::SUCCESS,
+        Ok(coverage::Outcome::Failed) => ExitCode::FAILURE,
+        Ok(coverage::Outcome::Unsupported) => ExitCode::from(3),
+        Err(e) => {
+            eprintln!("vpmu coverage: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("vpmu").chain(args.split_whitespace()))
+    }
+
+    fn profile_options(args: &str) -> Result<profile::Options, clap::Error> {
+        match parse(&format!("profile {args}"))?.command {
+            Command::Profile(p) => p.options(),
+            other => panic!("not profile: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn profile_defaults_are_the_library_defaults() {
+        let o = profile_options("").expect("defaults");
+        let d = profile::Options::default();
+        assert_eq!(
+            (o.duration, o.frequency, o.mode, o.vendor, o.vcpus, o.pcpus),
+            (d.duration, d.frequency, d.mode, d.vendor, d.vcpus, d.pcpus)
+        );
+        assert_eq!(
+            (&o.out, o.top, o.compare, o.sweep),
+            (&d.out, d.top, d.compare, d.sweep)
+        );
+        assert!(o.guests.is_empty() && o.progress);
+    }
+
+    #[test]
+    fn profile_options_parse() {
+        let o = profile_options(
+            "--duration 1.5 --frequency 4000 --mode hv --vendor amd --out /tmp/x --top 3 \
+             --quiet --vcpus 3 --pcpus 1 --no-compare --sweep --guest a.elf --guest b.elf",
+        )
+        .expect("valid");
+        assert_eq!(o.duration, Duration::from_millis(1500));
+        assert_eq!(
+            (o.mode, o.vendor, o.frequency, o.top, o.vcpus, o.pcpus),
+            (profile::run::Mode::Hv, profile::Vendor::Amd, 4000, 3, 3, 1)
+        );
+        assert!(!o.progress && !o.compare && o.sweep);
+        assert_eq!(o.guests, [PathBuf::from("a.elf"), PathBuf::from("b.elf")]);
+        assert_eq!(
+            profile_options("--mode self").expect("self").mode,
+            profile::run::Mode::SelfOnly
+        );
+    }
+
+    #[test]
+    fn bad_options_are_named_on_one_line() {
+        for (bad, says) in [
+            ("--mode both", "'both' for '--mode <MODE>'"),
+            ("--frequency 0", "0 is not in 1..=20000"),
+            ("--frequency 50000", "50000 is not in 1..=20000"),
+            ("--duration x", "not a number of seconds"),
+            ("--duration 0.01", "must be 0.2 to 600 seconds"),
+            ("--duration 601", "must be 0.2 to 600 seconds"),
+            ("--vendor via", "'via' for '--vendor <VENDOR>'"),
+            ("--top 0", "0 is not in 1.."),
+            ("--vcpus 0", "0 is not in 1..=8"),
+            ("--vcpus 9", "9 is not in 1..=8"),
+            ("--pcpus 0", "0 is not in 1..=8"),
+            ("--pcpus 9", "9 is not in 1..=8"),
+            ("--bogus", "unexpected argument '--bogus'"),
+            ("--out", "a value is required for '--out <DIR>'"),
+        ] {
+            let e = profile_options(bad).expect_err(bad);
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            let first = e.render().to_string();
+            assert!(first.contains(says), "{bad}: {first}");
+        }
+        let eight = "--guest g ".repeat(profile::MAX_GUESTS + 1);
+        let e = profile_options(&eight).expect_err("too many guests");
+        assert!(e.to_string().contains("at most 7 --guest images"), "{e}");
+        assert!(profile_options(&"--guest g ".repeat(profile::MAX_GUESTS)).is_ok());
+    }
+
+    #[test]
+    fn selftest_bench_and_coverage_parse() {
+        let Command::Selftest(s) = parse("selftest --vendor amd -v").expect("ok").command else {
+            panic!("selftest");
+        };
+        assert_eq!((s.vendor, s.verbose), (VendorsArg::Amd, true));
+        let Command::Bench(b) = parse("bench").expect("ok").command else {
+            panic!("bench");
+        };
+        assert_eq!(b.vendor, VendorsArg::Both);
+        assert!(parse("selftest --vendor via").is_err());
+        let Command::Coverage(c) = parse("coverage --no-suite --out d").expect("ok").command else {
+            panic!("coverage");
+        };
+        assert!(c.no_suite && c.action.is_none() && c.out == std::path::Path::new("d"));
+        let Command::Coverage(c) = parse("coverage report f.profraw --binary e --out d")
+            .expect("ok")
+            .command
+        else {
+            panic!("coverage report");
+        };
+        let Some(CoverageAction::Report { file, binary, out }) = c.action else {
+            panic!("report");
+        };
+        assert_eq!(
+            (file, binary, out),
+            (
+                PathBuf::from("f.profraw"),
+                Some(PathBuf::from("e")),
+                PathBuf::from("d")
+            )
+        );
+        assert!(parse("coverage report").is_err(), "FILE is required");
+        assert!(parse("coverage --no-suite report f").is_err());
+        assert!(parse("").is_err(), "a subcommand is required");
+    }
+
+    #[test]
+    fn help_and_version_are_not_errors() {
+        for args in [
+            "--help",
+            "--version",
+            "profile --help",
+            "coverage report --help",
+        ] {
+            let e = parse(args).expect_err(args);
+            assert_eq!(e.exit_code(), 0, "{args}");
+        }
+    }
 }

@@ -224,13 +224,75 @@ fn missing_kvm_is_a_clear_error() {
     assert!(stderr.contains("/dev/kvm is not available"), "{stderr}");
 }
 
+/// Bad usage: exit status 2, the problem on one line (and clap's pointer to `--help`), no
+/// usage dump, and nothing run (no /dev/kvm needed: the device is missing here).
 #[test]
-fn bad_options_exit_2_with_usage() {
+fn bad_options_exit_2_on_one_line() {
+    for args in [
+        &["profile", "--mode", "sideways"][..],
+        &["profile", "--frequency", "0"],
+        &["profile", "--duration", "700"],
+        &["profile", "--bogus"],
+        &["coverage", "report"],
+        &["selftest", "--vendor", "via"],
+        &[],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+            .args(args)
+            .env("VPMU_KVM_DEVICE", "/nonexistent/kvm")
+            .output()
+            .expect("run the vpmu binary");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let lines: Vec<_> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(
+            lines.len() <= 2 && lines[0].starts_with("error: "),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("Usage:") && !stderr.contains("/dev/kvm"),
+            "{stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
         .args(["profile", "--mode", "sideways"])
         .output()
         .expect("run the vpmu binary");
-    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--mode sideways") && stderr.contains("usage: vpmu profile"));
+    assert!(
+        stderr.contains("'sideways' for '--mode <MODE>'") && stderr.contains("all, hv, self"),
+        "{stderr}"
+    );
+}
+
+/// `--help` and `--version` print to stdout and exit 0, for the command and each subcommand.
+#[test]
+fn help_and_version_exit_0_on_stdout() {
+    for args in [
+        &["--help"][..],
+        &["--version"],
+        &["profile", "--help"],
+        &["selftest", "--help"],
+        &["bench", "--help"],
+        &["coverage", "--help"],
+        &["coverage", "report", "--help"],
+        &["profile", "--version"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+            .args(args)
+            .output()
+            .expect("run the vpmu binary");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(out.stderr.is_empty(), "{args:?}");
+        if args.contains(&"--version") {
+            assert!(
+                stdout.starts_with("vpmu") && stdout.contains(" 0."),
+                "{stdout}"
+            );
+        } else {
+            assert!(stdout.contains("Usage: vpmu"), "{args:?}: {stdout}");
+        }
+    }
 }

@@ -17,26 +17,119 @@ pub mod profraw;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Duration;
 
-use profraw::RawProfile;
+use llvm::LlvmError;
+use profraw::{ProfrawError, RawProfile};
 use vpmu_machine::personality::{Intel, Source};
-use vpmu_machine::symbols::Symbols;
-use vpmu_machine::{Layout, Machine, RunResult};
+use vpmu_machine::symbols::{SymbolError, Symbols};
+use vpmu_machine::{Layout, Machine, MachineError, RunResult};
+use vpmu_selftest::SelftestError;
 
-/// The usage text of `vpmu coverage`.
-pub const USAGE: &str = "\
-usage: vpmu coverage [--out DIR] [--no-suite]
-       vpmu coverage report FILE.profraw [--binary INSTRUMENTED_ELF] [--out DIR]
-  --out       output directory (default coverage-out): vpmu.profraw (after the conformance
-              suite), after-reset.profraw, checks.txt, and with llvm-cov: report.txt,
-              coverage.lcov, html/, uncovered.txt
-  --no-suite  read the coverage without running the conformance suite first
-  report      validate a raw profile read earlier (header, sizes, counters, names; against the
-              binary too, which defaults to this one) and report it with llvm-cov if installed
-Exit status: 0 every check passed, 1 a check failed, 2 bad options, 3 this vpmu was built
-without XENPMU_OP_COVERAGE (-EOPNOTSUPP; scripts/coverage.sh builds it), 77 no /dev/kvm.";
+/// Why `vpmu coverage` could not run or finish (a failed check is an `Outcome`, not an
+/// error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoverageError {
+    /// KVM's supported CPUID could not be read.
+    #[error("KVM CPUID: {0}")]
+    Cpuid(#[source] MachineError),
+    /// The coverage guest's machine could not be made.
+    #[error("VM setup failed: {0}")]
+    Setup(#[source] MachineError),
+    /// The coverage guest's symbol table could not be read.
+    #[error("the coverage guest's symbols: {0}")]
+    Symbols(#[from] SymbolError),
+    /// The coverage guest has no `coverage_result`.
+    #[error("the coverage guest has no {RESULT_SYMBOL}")]
+    NoResultSymbol,
+    /// A range the VMM copies after the run is not guest RAM.
+    #[error("domain {domain}: {gpa:#x}+{len:#x} is not guest RAM")]
+    NotRam {
+        /// The domain.
+        domain: u32,
+        /// Start of the range.
+        gpa: u64,
+        /// Its length.
+        len: usize,
+    },
+    /// The machine did not hand back what it was asked to copy.
+    #[error("the VMM did not copy {0}")]
+    NotCopied(&'static str),
+    /// `coverage_result` is shorter than its twelve fields.
+    #[error("{RESULT_SYMBOL} is short")]
+    ResultShort,
+    /// A read's size is larger than its buffer.
+    #[error("the {0} read overran its buffer")]
+    Overrun(&'static str),
+    /// The conformance suite could not run.
+    #[error("the conformance suite: {0}")]
+    Suite(#[from] SelftestError),
+    /// The output directory could not be made.
+    #[error("--out {}: {source}", path.display())]
+    OutDir {
+        /// The directory.
+        path: PathBuf,
+        /// What creating it said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file could not be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What reading it said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file could not be written.
+    #[error("{}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What writing it said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// This binary's own path is unknown.
+    #[error("this binary's path: {0}")]
+    ExePath(#[source] std::io::Error),
+    /// A raw profile is malformed.
+    #[error("{}: {source}", path.display())]
+    Profile {
+        /// The profile's file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: ProfrawError,
+    },
+    /// A raw profile does not come from the binary it is reported against.
+    #[error("{} against {}: {source}", profile.display(), binary.display())]
+    Mismatch {
+        /// The profile's file.
+        profile: PathBuf,
+        /// The binary.
+        binary: PathBuf,
+        /// What disagrees.
+        #[source]
+        source: ProfrawError,
+    },
+    /// The LLVM tools failed.
+    #[error(transparent)]
+    Llvm(#[from] LlvmError),
+}
+
+/// How `vpmu coverage` ended, when it could run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every check passed.
+    Passed,
+    /// A check failed (see the printed checks).
+    Failed,
+    /// This vpmu was built without `XENPMU_OP_COVERAGE` (`-EOPNOTSUPP`).
+    Unsupported,
+}
 
 /// The source files whose coverage matters: the vPMU crates.
 pub const VPMU_SOURCES: [&str; 4] = [
@@ -55,6 +148,9 @@ const RESULT_SYMBOL: &str = "coverage_result";
 const RESULT_SIZE: usize = 12 * 8;
 const EOPNOTSUPP: i64 = -(vpmu::abi::ops::XENPMU_EOPNOTSUPP as i64);
 
+/// The default output directory.
+pub const DEFAULT_OUT: &str = "coverage-out";
+
 /// The options of `vpmu coverage`.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -64,23 +160,24 @@ pub struct Options {
     pub suite: bool,
 }
 
-impl Options {
-    /// Parses the arguments after `coverage`.
-    pub fn parse(args: &[String]) -> Result<Self, String> {
-        let mut o = Self {
-            out: PathBuf::from("coverage-out"),
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            out: PathBuf::from(DEFAULT_OUT),
             suite: true,
-        };
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            match a.as_str() {
-                "--out" => o.out = PathBuf::from(it.next().ok_or("--out needs a value")?),
-                "--no-suite" => o.suite = false,
-                other => return Err(format!("unknown option {other}")),
-            }
         }
-        Ok(o)
     }
+}
+
+/// The options of `vpmu coverage report`.
+#[derive(Clone, Debug)]
+pub struct ReportOptions {
+    /// The raw profile to validate and report.
+    pub file: PathBuf,
+    /// The instrumented ELF it came from (default: this binary).
+    pub binary: Option<PathBuf>,
+    /// Output directory.
+    pub out: PathBuf,
 }
 
 /// What the coverage guest left in `coverage_result`.
@@ -134,11 +231,11 @@ struct GuestRun {
 }
 
 /// Runs the coverage guest.
-fn run_guest(kvm: &kvm_ioctls::Kvm) -> Result<GuestRun, String> {
-    let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(|e| format!("KVM CPUID: {e}"))?;
+fn run_guest(kvm: &kvm_ioctls::Kvm) -> Result<GuestRun, CoverageError> {
+    let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(CoverageError::Cpuid)?;
     let image = vpmu_guests::COVERAGE;
-    let (result_gpa, _) = Symbols::address_of(image, RESULT_SYMBOL)?
-        .ok_or("the coverage guest has no coverage_result")?;
+    let (result_gpa, _) =
+        Symbols::address_of(image, RESULT_SYMBOL)?.ok_or(CoverageError::NoResultSymbol)?;
     let mut machine = Machine::with_layout(
         kvm,
         Intel::v5(Source::Timed),
@@ -147,7 +244,7 @@ fn run_guest(kvm: &kvm_ioctls::Kvm) -> Result<GuestRun, String> {
         0,
         Layout::SharedPcpu(2),
     )
-    .map_err(|e| format!("VM setup failed: {e}"))?;
+    .map_err(CoverageError::Setup)?;
     for (gpa, len) in [
         (result_gpa, RESULT_SIZE),
         (FIRST_BUFFER, BUFFER_SIZE),
@@ -155,23 +252,31 @@ fn run_guest(kvm: &kvm_ioctls::Kvm) -> Result<GuestRun, String> {
     ] {
         machine
             .peek_after_run(0, gpa, len)
-            .ok_or_else(|| format!("{gpa:#x}+{len:#x} is not guest RAM"))?;
+            .ok_or(CoverageError::NotRam {
+                domain: 0,
+                gpa,
+                len,
+            })?;
     }
     // The unprivileged domain's own result (its -EPERM) is in its own memory.
     machine
         .peek_after_run(1, result_gpa, RESULT_SIZE)
-        .ok_or("domain 1 has no coverage_result in RAM")?;
+        .ok_or(CoverageError::NotRam {
+            domain: 1,
+            gpa: result_gpa,
+            len: RESULT_SIZE,
+        })?;
     let mut results = machine.run(Duration::from_secs(60));
     let unprivileged = results
         .get_mut(1)
         .and_then(|r| r.peeked.pop())
         .and_then(|(_, bytes)| GuestResult::decode(&bytes))
-        .ok_or("the VMM did not copy domain 1's result")?;
+        .ok_or(CoverageError::NotCopied("domain 1's result"))?;
     let peeked = std::mem::take(&mut results[0].peeked);
     let [(_, result), (_, first), (_, second)]: [(u64, Vec<u8>); 3] = peeked
         .try_into()
-        .map_err(|_| "the VMM did not copy the guest's results")?;
-    let mut guest = GuestResult::decode(&result).ok_or("coverage_result is short")?;
+        .map_err(|_| CoverageError::NotCopied("the guest's results"))?;
+    let mut guest = GuestResult::decode(&result).ok_or(CoverageError::ResultShort)?;
     guest.unprivileged = unprivileged.unprivileged;
     Ok(GuestRun {
         results,
@@ -226,46 +331,60 @@ const SUITE_PATHS: [(&str, &str); 5] = [
 /// no PMI; its two domains do switch on their shared pCPU): zero after the reset.
 const QUIET_AFTER_RESET: [&str; 2] = ["::wrmsr", "handle_pmi"];
 
-fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+fn write(path: &Path, bytes: &[u8]) -> Result<(), CoverageError> {
+    std::fs::write(path, bytes).map_err(|source| CoverageError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, CoverageError> {
+    std::fs::read(path).map_err(|source| CoverageError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn out_dir(path: &Path) -> Result<(), CoverageError> {
+    std::fs::create_dir_all(path).map_err(|source| CoverageError::OutDir {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// `vpmu coverage report FILE [--binary ELF] [--out DIR]`: the tool side for a raw profile
 /// read earlier (by this command, or by any consumer of `XENPMU_OP_COVERAGE`).
-pub fn report_command(args: &[String]) -> Result<ExitCode, String> {
-    let mut it = args.iter();
-    let mut file = None;
-    let mut binary = None;
-    let mut out = PathBuf::from("coverage-out");
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--binary" => binary = Some(PathBuf::from(it.next().ok_or("--binary needs a value")?)),
-            "--out" => out = PathBuf::from(it.next().ok_or("--out needs a value")?),
-            other if !other.starts_with('-') && file.is_none() => file = Some(PathBuf::from(other)),
-            other => return Err(format!("unexpected argument {other}")),
-        }
-    }
-    let file = file.ok_or("vpmu coverage report needs a .profraw file")?;
+/// Ok once the profile is valid and matches its binary (with a report if LLVM's tools are
+/// installed); an error names what is wrong.
+pub fn report(options: &ReportOptions) -> Result<(), CoverageError> {
+    let ReportOptions { file, binary, out } = options;
     let binary = match binary {
-        Some(b) => b,
-        None => std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?,
+        Some(b) => b.clone(),
+        None => std::env::current_exe().map_err(CoverageError::ExePath)?,
     };
-    let raw = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let elf = std::fs::read(&binary).map_err(|e| format!("{}: {e}", binary.display()))?;
-    let profile = RawProfile::parse(&raw).map_err(|e| format!("{}: {e}", file.display()))?;
+    let raw = read(file)?;
+    let elf = read(&binary)?;
+    let profile = RawProfile::parse(&raw).map_err(|source| CoverageError::Profile {
+        path: file.clone(),
+        source,
+    })?;
     println!("{}: {}", file.display(), profile.summary());
     if profile.num_functions() == 0 {
         println!("an empty profile: its binary was not instrumented; nothing to report");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(());
     }
     profile
         .check_against_elf(&elf)
-        .map_err(|e| format!("{} against {}: {e}", file.display(), binary.display()))?;
+        .map_err(|source| CoverageError::Mismatch {
+            profile: file.clone(),
+            binary: binary.clone(),
+            source,
+        })?;
     println!("matches {} (profile section sizes)", binary.display());
-    std::fs::create_dir_all(&out).map_err(|e| format!("--out {}: {e}", out.display()))?;
+    out_dir(out)?;
     match llvm::find_tools() {
         Ok(tools) => {
-            let report = llvm::report(&tools, &file, &binary, &out, &VPMU_SOURCES)?;
+            let report = llvm::report(&tools, file, &binary, out, &VPMU_SOURCES)?;
             print!("{}", report.summary_text);
             let uncovered = out.join("uncovered.txt");
             write(
@@ -285,13 +404,13 @@ pub fn report_command(args: &[String]) -> Result<ExitCode, String> {
             println!("no report: {missing}\n(the raw profile was validated without LLVM)")
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
-/// `vpmu coverage`.
-pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<ExitCode, String> {
-    std::fs::create_dir_all(&options.out)
-        .map_err(|e| format!("--out {}: {e}", options.out.display()))?;
+/// `vpmu coverage`: runs the suite (unless `options.suite` is off) and the coverage guest,
+/// checks and writes the profiles, and reports them.
+pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<Outcome, CoverageError> {
+    out_dir(&options.out)?;
     let mut checks = Checks {
         lines: String::new(),
         failed: 0,
@@ -323,7 +442,7 @@ pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<ExitCode, Str
              the `coverage` feature. scripts/coverage.sh builds it with the vPMU crates \
              instrumented and runs this command."
         );
-        return Ok(ExitCode::from(3));
+        return Ok(Outcome::Unsupported);
     }
     for (d, r) in results.iter().enumerate() {
         let ok = r.error.is_none() && r.status == Some(0);
@@ -372,14 +491,14 @@ pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<ExitCode, Str
         format!("returned {}", guest.unprivileged),
     );
     let take = |buffer: &[u8], size: u64| buffer.get(..size as usize).map(<[u8]>::to_vec);
-    let suite_raw = take(&first, guest.first_size).ok_or("the first read overran its buffer")?;
-    let reset_raw = take(&second, guest.second_size).ok_or("the second read overran its buffer")?;
+    let suite_raw = take(&first, guest.first_size).ok_or(CoverageError::Overrun("first"))?;
+    let reset_raw = take(&second, guest.second_size).ok_or(CoverageError::Overrun("second"))?;
     let suite_path = options.out.join("vpmu.profraw");
     let reset_path = options.out.join("after-reset.profraw");
     write(&suite_path, &suite_raw)?;
     write(&reset_path, &reset_raw)?;
-    let exe_path = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
-    let exe = std::fs::read(&exe_path).map_err(|e| format!("{}: {e}", exe_path.display()))?;
+    let exe_path = std::env::current_exe().map_err(CoverageError::ExePath)?;
+    let exe = read(&exe_path)?;
     let mut profiles = Vec::new();
     for (what, raw) in [
         ("after the suite", &suite_raw),
@@ -407,7 +526,11 @@ pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<ExitCode, Str
                 );
                 profiles.push(p);
             }
-            Err(e) => checks.check(&format!("the profile {what} is valid"), false, e),
+            Err(e) => checks.check(
+                &format!("the profile {what} is valid"),
+                false,
+                e.to_string(),
+            ),
         }
     }
     if let [suite, reset] = &profiles[..] {
@@ -454,13 +577,12 @@ pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<ExitCode, Str
     }
     let mut text = checks.lines.clone();
     let instrumented = profiles.first().is_some_and(|p| p.num_functions() > 0);
-    match llvm::find_tools().and_then(|tools| {
-        if instrumented {
-            Ok(tools)
-        } else {
-            Err("nothing is instrumented in this binary (scripts/coverage.sh builds it)".into())
-        }
-    }) {
+    let tools = if instrumented {
+        llvm::find_tools().map_err(|e| e.to_string())
+    } else {
+        Err("nothing is instrumented in this binary (scripts/coverage.sh builds it)".to_string())
+    };
+    match tools {
         Ok(tools) => {
             match llvm::report(&tools, &suite_path, &exe_path, &options.out, &VPMU_SOURCES) {
                 Ok(report) => {
@@ -515,8 +637,8 @@ pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<ExitCode, Str
         reset_path.display()
     );
     Ok(if checks.failed == 0 {
-        ExitCode::SUCCESS
+        Outcome::Passed
     } else {
-        ExitCode::FAILURE
+        Outcome::Failed
     })
 }

@@ -66,9 +66,84 @@ pub struct Report {
     pub totals: Totals,
 }
 
+/// Why the LLVM tools could not be found or did not produce a report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LlvmError {
+    /// No usable `llvm-profdata`/`llvm-cov` pair: every candidate and why it was unusable.
+    #[error(
+        "no llvm-profdata/llvm-cov pair that reads raw profile version 10 (LLVM \
+         {MIN_LLVM_MAJOR} or newer) was found ({}). Install one: `apt-get install llvm-22` \
+         (or `apt-get install llvm-19` on Debian 12), which provides llvm-profdata-N and \
+         llvm-cov-N",
+        .tried.join("; ")
+    )]
+    NoTools {
+        /// Each candidate and why it was unusable.
+        tried: Vec<String>,
+    },
+    /// A tool could not be started.
+    #[error("cannot run {command}: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// What spawning it said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tool failed.
+    #[error("{command} failed ({status}): {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// Its standard error.
+        stderr: String,
+    },
+    /// `--version` reported no LLVM version.
+    #[error(
+        "`{} --version` does not report an LLVM version (an LLVM older than {MIN_LLVM_MAJOR}?)",
+        .0.display()
+    )]
+    NoVersion(PathBuf),
+    /// `llvm-cov export` printed something that is not JSON.
+    #[error("llvm-cov export printed invalid JSON: {0}")]
+    InvalidJson(#[source] serde_json::Error),
+    /// `llvm-cov export`'s JSON lacks its data object.
+    #[error("llvm-cov export's JSON has no data[0]")]
+    NoData,
+    /// None of the binary's sources is one of the selected ones.
+    #[error("no source file of {}'s coverage mapping matches {filter:?}", binary.display())]
+    NoSources {
+        /// The binary.
+        binary: PathBuf,
+        /// The selection.
+        filter: Vec<String>,
+    },
+    /// The output directory could not be made.
+    #[error("cannot create {}: {source}", path.display())]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// What creating it said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An output could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What writing it said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Finds an `llvm-profdata` that reads raw profile version 10 and the `llvm-cov` of the same
 /// release. The error lists every candidate and why it was unusable, and how to install one.
-pub fn find_tools() -> Result<Tools, String> {
+pub fn find_tools() -> Result<Tools, LlvmError> {
     let mut tried = Vec::new();
     let candidates = VERSIONED
         .iter()
@@ -113,13 +188,7 @@ pub fn find_tools() -> Result<Tools, String> {
             Err(e) => tried.push(format!("{cov_name}: {e}")),
         }
     }
-    Err(format!(
-        "no llvm-profdata/llvm-cov pair that reads raw profile version 10 (LLVM \
-         {MIN_LLVM_MAJOR} or newer) was found ({}). Install one: `apt-get install llvm-22` \
-         (or `apt-get install llvm-19` on Debian 12), which provides llvm-profdata-N and \
-         llvm-cov-N",
-        tried.join("; ")
-    ))
+    Err(LlvmError::NoTools { tried })
 }
 
 /// Looks `name` up in `PATH` as the shell would, without running anything.
@@ -135,20 +204,17 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
 }
 
 /// Runs `tool --version` and extracts the LLVM major version.
-fn llvm_major(tool: &Path) -> Result<u32, String> {
+fn llvm_major(tool: &Path) -> Result<u32, LlvmError> {
     let out = Command::new(tool)
         .arg("--version")
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", tool.display()))?;
+        .map_err(|source| LlvmError::Spawn {
+            command: tool.display().to_string(),
+            source,
+        })?;
     let text = String::from_utf8_lossy(&out.stdout);
     // LLVM 14's llvm-profdata has no --version at all (it fails): that is also "too old".
-    parse_llvm_major(&text).ok_or_else(|| {
-        format!(
-            "`{} --version` does not report an LLVM version (an LLVM older than \
-             {MIN_LLVM_MAJOR}?)",
-            tool.display()
-        )
-    })
+    parse_llvm_major(&text).ok_or_else(|| LlvmError::NoVersion(tool.to_path_buf()))
 }
 
 /// Finds the major version in `--version` output such as "Debian LLVM version 22.1.8".
@@ -159,22 +225,29 @@ fn parse_llvm_major(text: &str) -> Option<u32> {
 }
 
 /// Runs a tool, returning its stdout, or an error with its stderr when it fails.
-fn run(cmd: &mut Command) -> Result<(Vec<u8>, String), String> {
+fn run(cmd: &mut Command) -> Result<(Vec<u8>, String), LlvmError> {
     let shown = format!("{cmd:?}");
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run {shown}: {e}"))?;
+    let out = cmd.output().map_err(|source| LlvmError::Spawn {
+        command: shown.clone(),
+        source,
+    })?;
     let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
     if !out.status.success() {
-        return Err(format!("{shown} failed ({}): {stderr}", out.status));
+        return Err(LlvmError::Failed {
+            command: shown,
+            status: out.status,
+            stderr,
+        });
     }
     Ok((out.stdout, stderr))
 }
 
 /// Merges `profraw` into `out_dir/<stem>.profdata` with `llvm-profdata merge -sparse`.
-pub fn merge(tools: &Tools, profraw: &Path, out_dir: &Path) -> Result<PathBuf, String> {
-    std::fs::create_dir_all(out_dir)
-        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+pub fn merge(tools: &Tools, profraw: &Path, out_dir: &Path) -> Result<PathBuf, LlvmError> {
+    std::fs::create_dir_all(out_dir).map_err(|source| LlvmError::CreateDir {
+        path: out_dir.to_path_buf(),
+        source,
+    })?;
     let stem = profraw
         .file_stem()
         .map_or_else(|| "coverage".into(), |s| s.to_string_lossy().into_owned());
@@ -197,7 +270,7 @@ pub fn report(
     binary: &Path,
     out_dir: &Path,
     sources_filter: &[&str],
-) -> Result<Report, String> {
+) -> Result<Report, LlvmError> {
     let profdata = merge(tools, profraw, out_dir)?;
     let cov = |sub: &str| {
         let mut c = Command::new(&tools.cov);
@@ -210,8 +283,7 @@ pub fn report(
     // restricts its output to the files named after the binary.
     let (listing, stderr) = run(cov("export").args(["-format=text", "-summary-only"]))?;
     warnings.push(stderr);
-    let listing: Value = serde_json::from_slice(&listing)
-        .map_err(|e| format!("llvm-cov export printed invalid JSON: {e}"))?;
+    let listing: Value = serde_json::from_slice(&listing).map_err(LlvmError::InvalidJson)?;
     let sources: Vec<String> = export_data(&listing)?
         .get("files")
         .and_then(Value::as_array)
@@ -222,10 +294,10 @@ pub fn report(
         .map(str::to_string)
         .collect();
     if sources.is_empty() {
-        return Err(format!(
-            "no source file of {}'s coverage mapping matches {sources_filter:?}",
-            binary.display()
-        ));
+        return Err(LlvmError::NoSources {
+            binary: binary.to_path_buf(),
+            filter: sources_filter.iter().map(|s| s.to_string()).collect(),
+        });
     }
 
     let (table, stderr) = run(cov("report").args(&sources))?;
@@ -233,8 +305,10 @@ pub fn report(
     let (lcov, stderr) = run(cov("export").arg("-format=lcov").args(&sources))?;
     warnings.push(stderr);
     let lcov_path = out_dir.join("coverage.lcov");
-    std::fs::write(&lcov_path, lcov)
-        .map_err(|e| format!("cannot write {}: {e}", lcov_path.display()))?;
+    std::fs::write(&lcov_path, lcov).map_err(|source| LlvmError::Write {
+        path: lcov_path.clone(),
+        source,
+    })?;
     let html_dir = out_dir.join("html");
     let (_, stderr) = run(cov("show")
         .arg("-format=html")
@@ -243,8 +317,7 @@ pub fn report(
     warnings.push(stderr);
     let (full, stderr) = run(cov("export").arg("-format=text").args(&sources))?;
     warnings.push(stderr);
-    let full: Value = serde_json::from_slice(&full)
-        .map_err(|e| format!("llvm-cov export printed invalid JSON: {e}"))?;
+    let full: Value = serde_json::from_slice(&full).map_err(LlvmError::InvalidJson)?;
     let data = export_data(&full)?;
 
     let mut summary_text = String::from_utf8_lossy(&table).into_owned();
@@ -264,11 +337,11 @@ pub fn report(
 }
 
 /// The single export object of `llvm-cov export -format=text` output.
-fn export_data(export: &Value) -> Result<&Value, String> {
+fn export_data(export: &Value) -> Result<&Value, LlvmError> {
     export
         .get("data")
         .and_then(|d| d.get(0))
-        .ok_or_else(|| "llvm-cov export's JSON has no data[0]".to_string())
+        .ok_or(LlvmError::NoData)
 }
 
 /// Totals from an export object; absent fields count as zero.
@@ -369,6 +442,8 @@ mod tests {
             }
             Err(e) => {
                 eprintln!("SKIPPED (no LLVM tools): {e}");
+                assert!(matches!(e, LlvmError::NoTools { .. }), "{e:?}");
+                let e = e.to_string();
                 assert!(e.contains("apt-get install llvm-22"), "{e}");
                 assert!(e.contains("llvm-profdata-22"), "{e}");
             }

@@ -127,6 +127,36 @@ pub struct FunctionCounters {
     pub counters: Vec<u64>,
 }
 
+/// Why a raw profile was refused: which part of it is wrong, with the precise problem (the
+/// offsets, sizes and names involved).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProfrawError {
+    /// Shorter than a header.
+    #[error("truncated raw profile: {len} bytes, the header alone is {HEADER_SIZE}")]
+    Truncated {
+        /// The file's length.
+        len: usize,
+    },
+    /// The header itself (magic, version, value kinds, paddings).
+    #[error("{0}")]
+    Header(String),
+    /// The sections do not add up to the file (missing or trailing bytes, offsets).
+    #[error("{0}")]
+    Layout(String),
+    /// The names section (chunks, compression, hash collisions).
+    #[error("{0}")]
+    Names(String),
+    /// A data record (its counters, bitmap or name).
+    #[error("{0}")]
+    Record(String),
+    /// The ELF cannot be read.
+    #[error("{0}")]
+    Elf(String),
+    /// The profile's sizes disagree with the ELF's profile sections.
+    #[error("the profile does not match this ELF: {}", .0.join("; "))]
+    ElfMismatch(Vec<String>),
+}
+
 /// A validated raw profile.
 #[derive(Debug, Clone)]
 pub struct RawProfile {
@@ -144,32 +174,29 @@ impl RawProfile {
     /// bytes are both errors), that each function's counters lie inside the counters section
     /// without overlapping another's, that the names decode (inflating compressed chunks), and
     /// that each function's `NameRef` is the MD5 hash of exactly one name.
-    pub fn parse(bytes: &[u8]) -> Result<RawProfile, String> {
-        let header = Header::read(bytes).ok_or_else(|| {
-            format!(
-                "truncated raw profile: {} bytes, the header alone is {HEADER_SIZE}",
-                bytes.len()
-            )
-        })?;
-        check_header(&header)?;
-        let layout = Layout::new(&header, bytes.len())?;
+    pub fn parse(bytes: &[u8]) -> Result<RawProfile, ProfrawError> {
+        let header = Header::read(bytes).ok_or(ProfrawError::Truncated { len: bytes.len() })?;
+        check_header(&header).map_err(ProfrawError::Header)?;
+        let layout = Layout::new(&header, bytes.len()).map_err(ProfrawError::Layout)?;
 
         // In bounds: Layout::new checked that the sections add up to the file's length.
         let names_bytes = bytes
             .get(layout.names..layout.names + layout.names_size)
-            .ok_or("the names section lies outside the file")?;
-        let (names, names_compressed) = decode_names(names_bytes)?;
+            .ok_or_else(|| {
+                ProfrawError::Layout("the names section lies outside the file".into())
+            })?;
+        let (names, names_compressed) = decode_names(names_bytes).map_err(ProfrawError::Names)?;
         let mut by_hash: HashMap<u64, &[u8]> = HashMap::with_capacity(names.len());
         for name in &names {
             let hash = name_hash(name);
             let previous = by_hash.insert(hash, name);
             if let Some(other) = previous.filter(|other| other != name) {
-                return Err(format!(
+                return Err(ProfrawError::Names(format!(
                     "names {:?} and {:?} have the same MD5-based hash {hash:#018x}: the \
                      functions' NameRef is ambiguous",
                     String::from_utf8_lossy(other),
                     String::from_utf8_lossy(name)
-                ));
+                )));
             }
         }
 
@@ -177,24 +204,30 @@ impl RawProfile {
         let mut ranges = Vec::with_capacity(layout.num_data);
         for i in 0..layout.num_data {
             let record = Record::read(bytes, layout.data + i * DATA_RECORD_SIZE)
-                .ok_or_else(|| format!("data record {i} is truncated"))?;
+                .ok_or_else(|| ProfrawError::Record(format!("data record {i} is truncated")))?;
             let name = by_hash.get(&record.name_ref).ok_or_else(|| {
-                format!(
+                ProfrawError::Record(format!(
                     "data record {i} (NameRef {:#018x}, FuncHash {:#018x}) has no name in the \
                      names section",
                     record.name_ref, record.func_hash
-                )
+                ))
             })?;
-            let first = record.first_counter(i, &header)?;
+            let first = record
+                .first_counter(i, &header)
+                .map_err(ProfrawError::Record)?;
             let count = record.num_counters as usize;
             ranges.push((first, first + count, i));
             if record.num_bitmap_bytes != 0 {
-                record.check_bitmap(i, &header)?;
+                record
+                    .check_bitmap(i, &header)
+                    .map_err(ProfrawError::Record)?;
             }
             let counters = (first..first + count)
                 .map(|c| read_u64(bytes, layout.counters + c * COUNTER_SIZE))
                 .collect::<Option<Vec<u64>>>()
-                .ok_or_else(|| format!("data record {i}: counters lie outside the file"))?;
+                .ok_or_else(|| {
+                    ProfrawError::Record(format!("data record {i}: counters lie outside the file"))
+                })?;
             functions.push(FunctionCounters {
                 name: String::from_utf8_lossy(name).into_owned(),
                 hash: record.func_hash,
@@ -205,9 +238,9 @@ impl RawProfile {
         for pair in ranges.windows(2) {
             let ((_, end_a, a), (start_b, _, b)) = (pair[0], pair[1]);
             if start_b < end_a {
-                return Err(format!(
+                return Err(ProfrawError::Record(format!(
                     "data records {a} and {b} share counters (indexes {start_b}..{end_a})"
-                ));
+                )));
             }
         }
         Ok(RawProfile {
@@ -290,10 +323,12 @@ impl RawProfile {
     /// `__llvm_prf_data`, `__llvm_prf_cnts` and `__llvm_prf_names` sections must equal
     /// 64·NumData, 8·NumCounters and NamesSize. A profile of another build has different sizes
     /// (or, rarely, the same ones: this check is necessary, not sufficient).
-    pub fn check_against_elf(&self, elf: &[u8]) -> Result<(), String> {
-        let aligned = vpmu_machine::symbols::AlignedElf::new(elf)?;
+    pub fn check_against_elf(&self, elf: &[u8]) -> Result<(), ProfrawError> {
+        let aligned = vpmu_machine::symbols::AlignedElf::new(elf)
+            .map_err(|e| ProfrawError::Elf(e.to_string()))?;
         let aligned = aligned.bytes();
-        let file = object::File::parse(aligned).map_err(|e| format!("malformed ELF: {e}"))?;
+        let file = object::File::parse(aligned)
+            .map_err(|e| ProfrawError::Elf(format!("malformed ELF: {e}")))?;
         let expected = [
             (
                 "__llvm_prf_data",
@@ -328,10 +363,7 @@ impl RawProfile {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "the profile does not match this ELF: {}",
-                problems.join("; ")
-            ))
+            Err(ProfrawError::ElfMismatch(problems))
         }
     }
 }

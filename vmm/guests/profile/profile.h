@@ -1,21 +1,14 @@
-/* The protocol between `vpmu profile` (src/profile/) and its guests (profiler.c, work.c):
+/* The protocol between `vpmu profile` (vmm/profile) and its guests (profiler.c, work.c):
  * a configuration the VMM writes before the run at the symbol `profile_config`, and batches of
  * samples a sampler guest ships with `outl(PORT_BATCH, batch address)`. The VMM is only the
- * transport: every sample is what the guest read from its xenpmu page. Mirrored in Rust by
- * src/profile/protocol.rs (sizes checked on both sides). */
+ * transport: every sample is what the guest read from its xenpmu page. The constants
+ * (PORT_BATCH, PORT_YIELD, the magics, BATCH_CAPACITY, ROLE_*, the *_SIZE the layouts are
+ * asserted against) come from guest_protocol.h, generated from vpmu-guest-protocol; the
+ * structs are mirrored in Rust by vmm/profile/src/protocol.rs (sizes checked on both sides). */
 #ifndef PROFILE_H
 #define PROFILE_H
 #include "pmu.h"
 #include "xenpmu.h"
-
-#define PORT_BATCH 0x16
-#define PORT_YIELD 0x17 /* outl: give the pCPU up until the next turn (or a VIRQ) */
-#define PROFILE_CONFIG_MAGIC 0x464f5250u /* "PROF" */
-#define SAMPLE_BATCH_MAGIC 0x48435442u   /* "BTCH" */
-#define BATCH_CAPACITY 128
-
-#define ROLE_PROFILER 1
-#define ROLE_WORKLOAD 2
 
 struct profile_config {
     u32 magic;    /* PROFILE_CONFIG_MAGIC once the VMM wrote it */
@@ -26,14 +19,15 @@ struct profile_config {
     u64 jitter;   /* the period varies by -jitter/2..+jitter/2 (jitter + 1 a power of two) */
     u64 duration; /* TSC ticks to sample for */
 };
-_Static_assert(sizeof(struct profile_config) == 40, "profile_config layout");
+_Static_assert(sizeof(struct profile_config) == PROFILE_CONFIG_SIZE, "profile_config layout");
 
 /* One sample: the page's identity and flags and the full register set, as read. */
 struct batch_sample {
     u32 domain_id, vcpu_id, pcpu_id, flags;
     xenpmu_regs regs;
 };
-_Static_assert(sizeof(struct batch_sample) == 16 + sizeof(xenpmu_regs), "batch_sample layout");
+_Static_assert(sizeof(struct batch_sample) == BATCH_SAMPLE_IDENTITY_SIZE + sizeof(xenpmu_regs),
+               "batch_sample layout");
 
 struct sample_batch {
     u32 magic;      /* SAMPLE_BATCH_MAGIC */
@@ -43,6 +37,7 @@ struct sample_batch {
     u64 lost;       /* samples the guest read but could not buffer (cumulative) */
     struct batch_sample samples[BATCH_CAPACITY];
 };
+_Static_assert(offsetof(struct sample_batch, samples) == BATCH_HEADER_SIZE, "sample_batch header");
 
 /* The run's configuration (profiler.c / work.c define it). */
 extern volatile struct profile_config profile_config;

@@ -70,6 +70,9 @@ void put_dec(u64 v) {
 
 u32 cpu_id(void) { return (apic_read(0x20) >> 24) & (MAX_CPUS - 1); }
 
+static void send_record(u32 kind, const char *a, const char *b, int with_values, u64 got, u64 want);
+static void unexpected_gp(const char *what, u32 msr);
+
 static void fatal(const char *what, struct iframe *f) {
     puts(what);
     puts(" at ");
@@ -77,7 +80,8 @@ static void fatal(const char *what, struct iframe *f) {
     puts(" cs ");
     put_hex(f->cs);
     puts("\n");
-    outl(PORT_EXIT, 0xdead);
+    send_record(RESULT_FAIL, what, " (fatal)", 0, 0, 0);
+    outl(PORT_EXIT, FATAL_STATUS);
 }
 
 __attribute__((interrupt)) static void gp_handler(struct iframe *f, u64 err) {
@@ -135,7 +139,8 @@ __attribute__((interrupt)) static void other_handler(struct iframe *f) {
     puts("unexpected exception at ");
     put_hex(f->ip);
     puts("\n");
-    outl(PORT_EXIT, 0xdead);
+    send_record(RESULT_FAIL, "unexpected exception", " (fatal)", 0, 0, 0);
+    outl(PORT_EXIT, FATAL_STATUS);
 }
 
 void set_gate(int vec, void *handler) {
@@ -186,26 +191,85 @@ int wrmsr_safe(u32 msr, u64 val) {
 
 u64 rdmsr(u32 msr) {
     u64 v;
-    if (rdmsr_safe(msr, &v)) {
-        puts("unexpected #GP on rdmsr ");
-        put_hex(msr);
-        puts("\n");
-    }
+    if (rdmsr_safe(msr, &v)) unexpected_gp("unexpected #GP on rdmsr ", msr);
     return v;
 }
 
 void wrmsr(u32 msr, u64 val) {
-    if (wrmsr_safe(msr, val)) {
-        puts("unexpected #GP on wrmsr ");
-        put_hex(msr);
-        puts("\n");
-    }
+    if (wrmsr_safe(msr, val)) unexpected_gp("unexpected #GP on wrmsr ", msr);
 }
+
+/* The result records: one per CPU (LAPIC ID), filled and sent with interrupts off (a handler
+ * that reports cannot interleave with the CPU's own record); the VMM copies it during the
+ * outl's exit. */
+u32 rt_case;
+static struct guest_result records[MAX_CPUS] __attribute__((aligned(64)));
+static u32 checks[MAX_CPUS];
+
+/* Appends `s` to the message `m` (length *n), truncating (the NUL always fits). */
+static void msg_add(char *m, u32 *n, const char *s) {
+    while (*s && *n < RESULT_MESSAGE_SIZE - 1) m[(*n)++] = *s++;
+    m[*n] = 0;
+}
+
+static void msg_dec(char *m, u32 *n, u64 v) {
+    char b[21];
+    int i = 20;
+    b[i] = 0;
+    do {
+        b[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    msg_add(m, n, b + i);
+}
+
+static void msg_hex(char *m, u32 *n, u64 v) {
+    char b[19];
+    b[0] = '0';
+    b[1] = 'x';
+    for (int i = 0; i < 16; i++) b[2 + i] = "0123456789abcdef"[(v >> (60 - 4 * i)) & 15];
+    b[18] = 0;
+    msg_add(m, n, b);
+}
+
+/* Sends a record of `kind` with message parts a, b (b may be 0) and, for a check, the got/want
+ * values (with_values). */
+static void send_record(u32 kind, const char *a, const char *b, int with_values, u64 got, u64 want) {
+    u64 flags;
+    __asm__ volatile("pushfq; popq %0; cli" : "=r"(flags)::"memory");
+    u32 cpu = cpu_id();
+    struct guest_result *r = &records[cpu];
+    u32 n = 0;
+    r->magic = RESULT_MAGIC;
+    r->kind = kind;
+    r->case_id = rt_case;
+    if (kind == RESULT_PASS || kind == RESULT_FAIL || kind == RESULT_SKIP)
+        r->check = ++checks[cpu];
+    else
+        r->check = kind == RESULT_DONE ? checks[cpu] : 0;
+    memset(r->message, 0, RESULT_MESSAGE_SIZE);
+    msg_add(r->message, &n, a);
+    if (b) msg_add(r->message, &n, b);
+    if (with_values) {
+        msg_add(r->message, &n, " (got ");
+        msg_dec(r->message, &n, got);
+        msg_add(r->message, &n, ", want ");
+        msg_dec(r->message, &n, want);
+        msg_add(r->message, &n, ")");
+    }
+    outl(PORT_RESULT, (u32)(u64)r);
+    if (flags & 0x200) __asm__ volatile("sti" ::: "memory");
+}
+
+void begin_records(const char *case_name) { send_record(RESULT_BEGIN, case_name, 0, 0, 0, 0); }
+
+void end_records(void) { send_record(RESULT_DONE, "done", 0, 0, 0, 0); }
 
 void report(const char *name, int ok) {
     puts(ok ? "PASS " : "FAIL ");
     puts(name);
     puts("\n");
+    send_record(ok ? RESULT_PASS : RESULT_FAIL, name, 0, 0, 0, 0);
     if (ok)
         passes++;
     else
@@ -220,8 +284,27 @@ void report_val(const char *name, int ok, u64 got, u64 want) {
     puts(", want ");
     put_dec(want);
     puts(")\n");
+    send_record(ok ? RESULT_PASS : RESULT_FAIL, name, 0, 1, got, want);
     if (ok)
         passes++;
     else
         failures++;
+}
+
+/* A check that does not apply to this PMU shape: neither passed nor failed. */
+void report_skip(const char *name) {
+    puts("SKIP ");
+    puts(name);
+    puts("\n");
+    send_record(RESULT_SKIP, name, 0, 0, 0, 0);
+}
+
+/* An MSR access that must not fault did: a failed check named after the MSR. */
+static void unexpected_gp(const char *what, u32 msr) {
+    char m[RESULT_MESSAGE_SIZE];
+    u32 n = 0;
+    m[0] = 0;
+    msg_add(m, &n, what);
+    msg_hex(m, &n, msr);
+    report(m, 0);
 }

@@ -65,6 +65,7 @@ static void profiler(void) {
     struct params m = {1, 0, XENPMU_MODE_ALL, 0, 0};
     i64 mode = hypercall(XENPMU_OP_MODE_SET, &m); /* before anybody touches the PMU */
     puts("CASE all_mode_profiles_other_domains\n");
+    begin_records("all_mode_profiles_other_domains");
     detect();
     report_val("MODE_SET all from the privileged domain", mode == 0, (u64)mode, 0);
     struct params ip = {1, 0, (u64)&prof_page >> 12, 0, 0};

@@ -2,18 +2,18 @@
  * The 32-bit consumer (gcc -m32, run in compatibility mode under the 64-bit harness of
  * compat64.c): reads the sample the hypervisor wrote for a 64-bit context through the ABI
  * header's structs and helpers (abi/include/xenpmu.h), checks every 64-bit GPR value,
- * acknowledges the overflow in the page and flushes. Reports PASS/FAIL lines on the console;
- * main32's result (the failures of both parts) is the exit status.
+ * acknowledges the overflow in the page and flushes. Reports each check as a result record
+ * (struct guest_result, numbered on from the 64-bit part's) and a PASS/FAIL line on the
+ * console; main32's result (the failures of both parts) is the exit status.
  */
 #include "compat.h"
+#include "guest_protocol.h"
 #include "xenpmu.h"
 
 _Static_assert(sizeof(void *) == 4, "compat32.c is the -m32 consumer");
 
-#define PORT_CONSOLE 0xE9
-#define PORT_HYPERCALL 0x11
-
 static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
+static inline void outl(uint16_t port, uint32_t v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
 
 void *memcpy(void *d, const void *s, size_t n) {
     uint8_t *p = d;
@@ -41,12 +41,29 @@ static void put_hex64(uint64_t v) {
     puts32(b);
 }
 
-static uint32_t failures;
+static uint32_t failures, checks;
+static struct guest_result record;
+
+/* One result record (case 0 of the compat image); interrupts are off in this part. */
+static void send_record(uint32_t kind, const char *name) {
+    uint32_t n = 0;
+    record.magic = RESULT_MAGIC;
+    record.kind = kind;
+    record.case_id = 0;
+    record.check = kind == RESULT_DONE ? checks : ++checks;
+    memset(record.message, 0, sizeof(record.message));
+    while (name[n] && n < RESULT_MESSAGE_SIZE - 1) {
+        record.message[n] = name[n];
+        n++;
+    }
+    outl(PORT_RESULT, (uint32_t)(uintptr_t)&record);
+}
 
 static void report(const char *name, int ok) {
     puts32(ok ? "PASS " : "FAIL ");
     puts32(name);
     puts32("\n");
+    send_record(ok ? RESULT_PASS : RESULT_FAIL, name);
     if (!ok) failures++;
 }
 
@@ -58,6 +75,7 @@ static void report_hex(const char *name, int ok, uint64_t got, uint64_t want) {
     puts32(", want ");
     put_hex64(want);
     puts32(")\n");
+    send_record(ok ? RESULT_PASS : RESULT_FAIL, name);
     if (!ok) failures++;
 }
 
@@ -74,8 +92,8 @@ static const char *const names[16] = {
     "r8",  "r9",  "r10", "r11", "r12", "r13", "r14", "r15",
 };
 
-uint32_t main32(uint32_t failures64, uint32_t unused) {
-    (void)unused;
+uint32_t main32(uint32_t failures64, uint32_t checks64) {
+    checks = checks64;
     volatile struct compat_shared *sh = COMPAT_SHARED;
     xenpmu_page *page = (xenpmu_page *)(uintptr_t)sh->page;
     uint16_t cs;
@@ -127,5 +145,6 @@ uint32_t main32(uint32_t failures64, uint32_t unused) {
     report_hex("FLUSH from compatibility mode", fr == 0, (uint64_t)(int64_t)fr, 0);
     report("CACHED clear after flush", (page->pmu_flags & XENPMU_FLAG_CACHED) == 0);
     puts32("END\n");
+    send_record(RESULT_DONE, "done");
     return failures64 + failures;
 }

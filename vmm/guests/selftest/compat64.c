@@ -21,12 +21,14 @@ static void on_virq(void) { virqs++; }
 
 int main(u64 which, u64 cpu) {
     (void)cpu;
+    rt_case = (u32)which;
     if (which != 0) {
         puts("NOCASE\n");
-        return 0xffff;
+        return NO_CASE_STATUS;
     }
     rt_init();
     puts("CASE compat32_reads_64bit_sample\n");
+    begin_records("compat32_reads_64bit_sample");
     detect();
     volatile struct compat_shared *sh = COMPAT_SHARED;
     sh->page = (u32)(u64)page;
@@ -56,7 +58,8 @@ int main(u64 which, u64 cpu) {
     sh->virqs = virqs;
     report_val("one VIRQ (64-bit part)", virqs == 1, virqs, 1);
     /* The counter stays as the sample left it: the consumer disables it in the page and
-     * flushes. Enter the consumer: compatibility mode, its own stack, EDI = our failures. */
+     * flushes. Enter the consumer: compatibility mode, its own stack, EDI = our failures, ESI =
+     * our checks (it numbers its result records on from there). */
     sh->failures = (u32)failures;
     __asm__ volatile("mov %0, %%rsp\n\t"
                      "pushq %1\n\t"
@@ -64,7 +67,7 @@ int main(u64 which, u64 cpu) {
                      "lretq"
                      :
                      : "r"((u64)COMPAT32_STACK), "r"((u64)COMPAT32_CS), "r"((u64)COMPAT32_BASE),
-                       "D"((u64)(u32)failures), "S"(0ul)
+                       "D"((u64)(u32)failures), "S"((u64)(u32)(passes + failures))
                      : "memory");
     __builtin_unreachable();
 }

@@ -1,7 +1,7 @@
 /*
  * PMU conformance cases, modeled on kvm-unit-tests x86/pmu.c, for both vendor personalities.
  * The VMM runs one case per VM: main(case) runs case `case`, prints one PASS/FAIL line per
- * check and returns the number of failures (0xffff: no such case).
+ * check and returns the number of failures (NO_CASE_STATUS: no such case; the numbers are vpmu-guest-protocol's).
  *
  * Counting is the VMM's precise mode: it single-steps CPL0 code while a counter is enabled,
  * so a measured loop of known instructions counts exactly.
@@ -97,7 +97,7 @@ static void case_reserved_bits_gp(void) {
 
 static void case_global_status_ro(void) {
     if (!has_global()) {
-        report("no global status on this shape (skipped)", 1);
+        report_skip("no global status on this shape");
         return;
     }
     report("GLOBAL_STATUS write #GP", wrmsr_safe(global_status_msr(), 1) == 1);
@@ -209,7 +209,7 @@ static void case_write_widths(void) {
 
 static void case_amd_aliases(void) {
     if (intel) {
-        report("AMD aliases: not an AMD shape (skipped)", 1);
+        report_skip("AMD aliases: not an AMD shape");
         return;
     }
     u64 v;
@@ -244,7 +244,7 @@ static void case_amd_aliases(void) {
 
 static void case_fixed_counter(void) {
     if (!intel || fixed == 0) {
-        report("fixed counters: none on this shape (skipped)", 1);
+        report_skip("fixed counters: none on this shape");
         return;
     }
     wrmsr(INTEL_GLOBAL_CTRL, 0);
@@ -448,7 +448,7 @@ static void case_status_set(void) {
         st = rdmsr(AMD_GLOBAL_STATUS);
         report_val("StatusClr clears it", st == 0, st, 0);
     } else {
-        report("no global status on K7 (skipped)", 1);
+        report_skip("no global status on K7");
     }
 }
 
@@ -555,51 +555,54 @@ static void begin_case(const char *name) {
     puts("CASE ");
     puts(name);
     puts("\n");
+    begin_records(name);
     detect();
 }
 
 int main(u64 which, u64 cpu) {
-    if (which == 999) /* the VMM's watchdog test: spin at CPL0 without exits */
+    rt_case = (u32)which;
+    if (which == WATCHDOG_CASE) /* the VMM's watchdog test: spin at CPL0 without exits */
         for (;;)
             __asm__ volatile("" ::: "memory");
-    if (which >= 400) {
+    if (which >= ALL_BASE) {
         /* All-mode cases: `cpu` is the domain; each case prints its own CASE line (domain 0
          * sets the mode first, before anybody touches the PMU). */
-        which -= 400;
+        which -= ALL_BASE;
         if (which >= all_case_count) {
             if (cpu == 0) puts("NOCASE\n");
-            return 0xffff;
+            return NO_CASE_STATUS;
         }
         rt_init();
         all_cases[which].fn((u32)cpu);
-    } else if (which >= 300) {
+    } else if (which >= DOMAIN_BASE) {
         /* Domain cases: `cpu` is the domain (each a one-vCPU VM, all on one pCPU). */
-        which -= 300;
+        which -= DOMAIN_BASE;
         if (which >= domain_case_count) {
             if (cpu == 0) puts("NOCASE\n");
-            return 0xffff;
+            return NO_CASE_STATUS;
         }
         begin_case(domain_cases[which].name);
         domain_cases[which].fn((u32)cpu);
-    } else if (which >= 200) {
-        which -= 200;
+    } else if (which >= TIMED_BASE) {
+        which -= TIMED_BASE;
         if (which >= timed_case_count) {
             puts("NOCASE\n");
-            return 0xffff;
+            return NO_CASE_STATUS;
         }
         begin_case(timed_cases[which].name);
         timed_cases[which].fn();
-    } else if (which >= 100) {
-        which -= 100;
+    } else if (which >= SMP_BASE) {
+        which -= SMP_BASE;
         if (which >= smp_case_count) {
             if (cpu == 0) puts("NOCASE\n");
-            return 0xffff;
+            return NO_CASE_STATUS;
         }
         rt_init();
         if (cpu == 0) {
             puts("CASE ");
             puts(smp_cases[which].name);
             puts("\n");
+            begin_records(smp_cases[which].name);
             detect();
         } else {
             /* Same enumeration, silently (the globals get the same values). */
@@ -613,7 +616,7 @@ int main(u64 which, u64 cpu) {
     } else {
         if (which >= sizeof(cases) / sizeof(cases[0])) {
             puts("NOCASE\n");
-            return 0xffff;
+            return NO_CASE_STATUS;
         }
         begin_case(cases[which].name);
         cases[which].fn();
@@ -623,6 +626,7 @@ int main(u64 which, u64 cpu) {
     puts(" passed, ");
     put_dec((u64)failures);
     puts(" failed\n");
+    end_records();
     return failures;
 }
 

@@ -53,7 +53,7 @@ static void timed_overflow_pmi(void) {
     u64 preset = (0 - period) & (intel && !fw_write ? 0xfffffffful : mask48());
     u32 wmsr = intel && fw_write ? INTEL_A_PMC0 : ctr_msr(0);
     if (intel && !fw_write && period > 0x7fffffff) {
-        report("period too large for legacy writes (skipped)", 1);
+        report_skip("period too large for legacy writes");
         return;
     }
     if (has_global()) wrmsr(global_ctrl_msr(), 0);
@@ -90,14 +90,14 @@ static void timed_overflow_pmi(void) {
 
 static void timed_fixed_cycles(void) {
     if (!intel) {
-        report("fixed counters: none on AMD (skipped)", 1);
+        report_skip("fixed counters: none on AMD");
         return;
     }
     u32 a, b, c, d;
     cpuid(0xa, 0, &a, &b, &c, &d);
     int has1 = (c & 2) || (d & 0x1f) >= 2;
     if (!has1) {
-        report("fixed counter 1 absent (skipped)", 1);
+        report_skip("fixed counter 1 absent");
         return;
     }
     wrmsr(INTEL_GLOBAL_CTRL, 0);

@@ -157,6 +157,6 @@ void timed_user_workload(void) {
         report_val("hot_a share of hot_a+hot_b samples in [50%, 95%] (%)", pct >= 50 && pct <= 95,
                    pct, 75);
     } else {
-        report("fewer than 50 samples for the hot_a:hot_b share (skipped)", 1);
+        report_skip("fewer than 50 samples for the hot_a:hot_b share");
     }
 }

@@ -16,6 +16,8 @@ use std::time::Instant;
 use kvm_bindings::kvm_run;
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
+use crate::error::MachineError;
+
 thread_local! {
     /// This thread's vCPU `kvm_run` page (null on threads without a vCPU).
     static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
@@ -41,12 +43,12 @@ pub struct Kick {
 impl Kick {
     /// Installs the signal handler (once per process), records `run` as this thread's
     /// `kvm_run` and starts the kicker thread aimed at the calling thread.
-    pub fn new(run: *mut kvm_run) -> Result<Self, String> {
+    pub fn new(run: *mut kvm_run) -> Result<Self, MachineError> {
         static HANDLER: Once = Once::new();
         let mut error = None;
         HANDLER.call_once(|| {
             if let Err(e) = register_signal_handler(SIGRTMIN(), on_kick) {
-                error = Some(format!("cannot install the kick handler: {e}"));
+                error = Some(MachineError::KickHandler(e));
             }
         });
         if let Some(e) = error {

@@ -1,7 +1,8 @@
 //! KVM plumbing: guest memory, a long-mode vCPU, the in-kernel irqchip, the PMU MSR filter,
 //! CPUID, sync regs and single-step control.
 
-use std::io;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use zerocopy::FromBytes;
 
 use kvm_bindings::{
     CpuId, KVM_CAP_X86_USER_SPACE_MSR, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP,
@@ -12,6 +13,8 @@ use kvm_bindings::{
 use kvm_ioctls::{
     Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, SyncReg, VcpuFd, VmFd,
 };
+
+use crate::error::{MachineError, Result};
 
 /// Size of guest RAM (GPA 0 upwards).
 pub const MEM_SIZE: usize = 4 << 20;
@@ -39,39 +42,33 @@ const RSP0_BELOW_STACK: u64 = 0x8000;
 const KVM_CAP_PMU_CAPABILITY: u32 = 212;
 const KVM_PMU_CAP_DISABLE: u64 = 1;
 
-/// Anonymous memory backing guest RAM.
+/// Guest RAM (GPA 0 upwards), anonymous memory through vm-memory's `GuestMemoryMmap`.
+///
+/// The guest's vCPUs (on other threads) write it at any time, so the machine never holds a
+/// Rust reference into it: every read is one volatile copy into a private buffer
+/// (`read`, `read_u64`, `to_vec`, `read_as`), every write one explicit copy in (`write`,
+/// `write_u64`), through the volatile `Bytes` API. What a guest changes concurrently is the
+/// guest's race, as on its own CPUs; the VMM only ever sees a copy.
 #[derive(Debug)]
 pub struct GuestMem {
-    ptr: *mut u8,
+    mem: GuestMemoryMmap,
     len: usize,
 }
 
 impl GuestMem {
-    /// Maps `len` bytes of zeroed, page-aligned anonymous memory.
-    pub fn new(len: usize) -> io::Result<Self> {
-        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self {
-            ptr: ptr.cast(),
-            len,
-        })
+    /// Maps `len` bytes of zeroed anonymous memory at GPA 0.
+    pub fn new(len: usize) -> Result<Self> {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), len)])
+            .map_err(|source| MachineError::MemoryAllocation { len, source })?;
+        Ok(Self { mem, len })
     }
 
-    /// Host address of the mapping.
-    pub fn host_addr(&self) -> u64 {
-        self.ptr as u64
+    /// Host address of GPA 0 (for KVM's memory region).
+    fn host_addr(&self) -> Result<u64> {
+        self.mem
+            .get_host_address(GuestAddress(0))
+            .map(|p| p as u64)
+            .map_err(|_| self.outside(0, self.len))
     }
 
     /// Size in bytes.
@@ -84,48 +81,67 @@ impl GuestMem {
         self.len == 0
     }
 
-    /// The bytes at `[gpa, gpa + len)`, if inside RAM. The vCPU must not be running (the VMM
-    /// only touches guest memory from the vCPU's own thread between runs).
-    #[allow(clippy::mut_from_ref)]
-    pub fn slice_mut(&self, gpa: u64, len: usize) -> Option<&mut [u8]> {
-        let start = usize::try_from(gpa).ok()?;
-        let end = start.checked_add(len)?;
-        if end > self.len {
+    /// Whether `[gpa, gpa + len)` is inside guest RAM.
+    pub fn contains(&self, gpa: u64, len: usize) -> bool {
+        usize::try_from(gpa)
+            .ok()
+            .and_then(|start| start.checked_add(len))
+            .is_some_and(|end| end <= self.len)
+    }
+
+    fn outside(&self, gpa: u64, len: usize) -> MachineError {
+        MachineError::OutsideMemory { gpa, len }
+    }
+
+    /// Copies `buf.len()` bytes at `gpa` into `buf` (one volatile copy; nothing is read if the
+    /// range is not all inside RAM).
+    pub fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<()> {
+        if !self.contains(gpa, buf.len()) {
+            return Err(self.outside(gpa, buf.len()));
+        }
+        self.mem
+            .read_slice(buf, GuestAddress(gpa))
+            .map_err(|_| self.outside(gpa, buf.len()))
+    }
+
+    /// Copies `data` to `gpa` (nothing is written if the range is not all inside RAM).
+    pub fn write(&self, gpa: u64, data: &[u8]) -> Result<()> {
+        if !self.contains(gpa, data.len()) {
+            return Err(self.outside(gpa, data.len()));
+        }
+        self.mem
+            .write_slice(data, GuestAddress(gpa))
+            .map_err(|_| self.outside(gpa, data.len()))
+    }
+
+    /// A copy of the `len` bytes at `gpa`, if inside RAM.
+    pub fn to_vec(&self, gpa: u64, len: usize) -> Option<Vec<u8>> {
+        if !self.contains(gpa, len) {
             return None;
         }
-        // SAFETY: in bounds of the mapping, which lives as long as `self`; the only other
-        // writer is the guest, which is stopped while the VMM (same thread) holds the slice,
-        // and callers never keep two overlapping slices.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) })
+        let mut bytes = vec![0; len];
+        self.read(gpa, &mut bytes).ok()?;
+        Some(bytes)
+    }
+
+    /// A copy of the `T` at `gpa` (any bit pattern is a `T`), if inside RAM.
+    pub fn read_as<T: FromBytes>(&self, gpa: u64) -> Option<T> {
+        let bytes = self.to_vec(gpa, std::mem::size_of::<T>())?;
+        T::read_from_bytes(&bytes).ok()
     }
 
     /// Reads a little-endian u64.
     pub fn read_u64(&self, gpa: u64) -> Option<u64> {
-        let b = self.slice_mut(gpa, 8)?;
-        Some(u64::from_le_bytes(b.try_into().ok()?))
+        let mut b = [0u8; 8];
+        self.read(gpa, &mut b).ok()?;
+        Some(u64::from_le_bytes(b))
     }
 
-    fn write_u64(&self, gpa: u64, v: u64) {
-        if let Some(b) = self.slice_mut(gpa, 8) {
-            b.copy_from_slice(&v.to_le_bytes());
-        }
-    }
-}
-
-impl Drop for GuestMem {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`; no slice of it outlives `self`.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len);
-        }
+    /// Writes a little-endian u64.
+    pub fn write_u64(&self, gpa: u64, v: u64) -> Result<()> {
+        self.write(gpa, &v.to_le_bytes())
     }
 }
-
-// SAFETY: the mapping is plain memory owned by this value; the VMM threads touch it only
-// between runs of their own vCPU (as the guest's own CPUs would: races are the guest's).
-unsafe impl Send for GuestMem {}
-// SAFETY: as for Send; no interior state besides the mapping.
-unsafe impl Sync for GuestMem {}
 
 /// One VM: guest memory, the in-kernel irqchip, the PMU MSR filter, the loaded image.
 #[derive(Debug)]
@@ -152,20 +168,24 @@ impl Vm {
     /// Creates the VM: RAM with page tables and GDT for long mode, irqchip, user-space MSR
     /// exits for every MSR in `deny` (inclusive ranges), KVM's own PMU off, and the ELF
     /// executable `elf` loaded. Returns the VM and the entry point.
-    pub fn new(kvm: &Kvm, deny: &[(u32, u32)], elf: &[u8]) -> io::Result<(Self, u64)> {
-        let vm = kvm.create_vm().map_err(io::Error::from)?;
+    pub fn new(kvm: &Kvm, deny: &[(u32, u32)], elf: &[u8]) -> Result<(Self, u64)> {
+        let vm = kvm
+            .create_vm()
+            .map_err(MachineError::kvm("KVM_CREATE_VM"))?;
         let mem = GuestMem::new(MEM_SIZE)?;
         let region = kvm_userspace_memory_region {
             slot: 0,
             guest_phys_addr: 0,
             memory_size: mem.len() as u64,
-            userspace_addr: mem.host_addr(),
+            userspace_addr: mem.host_addr()?,
             flags: 0,
         };
-        // SAFETY: the region is our own anonymous mapping, which outlives the VM (both are
-        // fields of `Vm`; the VM fd is dropped first).
-        unsafe { vm.set_user_memory_region(region) }.map_err(io::Error::from)?;
-        vm.create_irq_chip().map_err(io::Error::from)?;
+        // SAFETY: the region is the whole of our own anonymous mapping (`mem`), which outlives
+        // the VM (both are fields of `Vm`; the VM fd is dropped first).
+        unsafe { vm.set_user_memory_region(region) }
+            .map_err(MachineError::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        vm.create_irq_chip()
+            .map_err(MachineError::kvm("KVM_CREATE_IRQCHIP"))?;
         // KVM's own vPMU must not answer anything: disable it where the cap exists. Here (PVM,
         // enable_pmu=N) the cap reports 0 and enabling fails with EINVAL: already off.
         if vm.check_extension_raw(KVM_CAP_PMU_CAPABILITY.into()) > 0 {
@@ -176,7 +196,10 @@ impl Vm {
             };
             if let Err(e) = vm.enable_cap(&cap) {
                 if e.errno() != libc::EINVAL {
-                    return Err(e.into());
+                    return Err(MachineError::Kvm {
+                        ioctl: "KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)",
+                        source: e,
+                    });
                 }
             }
         }
@@ -194,7 +217,9 @@ impl Vm {
             ],
             ..Default::default()
         };
-        vm.enable_cap(&cap).map_err(io::Error::from)?;
+        vm.enable_cap(&cap).map_err(MachineError::kvm(
+            "KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)",
+        ))?;
         let ranges: Vec<MsrFilterRange<'_>> = deny
             .iter()
             .map(|&(first, last)| {
@@ -208,9 +233,9 @@ impl Vm {
             })
             .collect();
         vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
-            .map_err(io::Error::from)?;
-        setup_page_tables(&mem);
-        let entry = crate::loader::load_elf(elf, &mem).map_err(io::Error::other)?;
+            .map_err(MachineError::kvm("KVM_X86_SET_MSR_FILTER"))?;
+        setup_page_tables(&mem)?;
+        let entry = crate::loader::load_elf(elf, &mem)?;
         Ok((Self { vm, mem }, entry))
     }
 
@@ -224,28 +249,34 @@ impl Vm {
         rsp: u64,
         rdi: u64,
         rsi: u64,
-    ) -> io::Result<Vcpu> {
-        let mut fd = self.vm.create_vcpu(id).map_err(io::Error::from)?;
-        fd.set_cpuid2(cpuid).map_err(io::Error::from)?;
+    ) -> Result<Vcpu> {
+        let mut fd = self
+            .vm
+            .create_vcpu(id)
+            .map_err(MachineError::kvm("KVM_CREATE_VCPU"))?;
+        fd.set_cpuid2(cpuid)
+            .map_err(MachineError::kvm("KVM_SET_CPUID2"))?;
         setup_long_mode(&fd, id)?;
         if id < TSS_VCPUS {
             // TSS.RSP0 (offset 4), until the guest sets its own.
             self.mem
-                .write_u64(TSS_BASE + id * TSS_STRIDE + 4, rsp - RSP0_BELOW_STACK);
+                .write_u64(TSS_BASE + id * TSS_STRIDE + 4, rsp - RSP0_BELOW_STACK)?;
         }
-        let mut regs = fd.get_regs().map_err(io::Error::from)?;
+        let mut regs = fd.get_regs().map_err(MachineError::kvm("KVM_GET_REGS"))?;
         regs.rip = rip;
         regs.rsp = rsp;
         regs.rdi = rdi;
         regs.rsi = rsi;
         regs.rflags = 0x2;
-        fd.set_regs(&regs).map_err(io::Error::from)?;
+        fd.set_regs(&regs)
+            .map_err(MachineError::kvm("KVM_SET_REGS"))?;
         if id > 0 {
             // Application processors start in wait-for-SIPI under an in-kernel LAPIC.
             let runnable = kvm_bindings::kvm_mp_state {
                 mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
             };
-            fd.set_mp_state(runnable).map_err(io::Error::from)?;
+            fd.set_mp_state(runnable)
+                .map_err(MachineError::kvm("KVM_SET_MP_STATE"))?;
         }
         fd.set_sync_valid_reg(SyncReg::Register);
         fd.set_sync_valid_reg(SyncReg::SystemRegister);
@@ -258,7 +289,7 @@ impl Vm {
 
 impl Vcpu {
     /// Turns VMM single-stepping on or off (no ioctl if unchanged).
-    pub fn set_stepping(&mut self, on: bool) -> io::Result<()> {
+    pub fn set_stepping(&mut self, on: bool) -> Result<()> {
         if on == self.stepping {
             return Ok(());
         }
@@ -270,7 +301,9 @@ impl Vcpu {
             },
             ..Default::default()
         };
-        self.fd.set_guest_debug(&debug).map_err(io::Error::from)?;
+        self.fd
+            .set_guest_debug(&debug)
+            .map_err(MachineError::kvm("KVM_SET_GUEST_DEBUG"))?;
         self.stepping = on;
         Ok(())
     }
@@ -301,28 +334,29 @@ fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
 /// GDT: null, 64-bit code (0x8), data (0x10), 32-bit code (0x18, for -m32 code in
 /// compatibility mode), user data (0x20, DPL3: SS = 0x23), user 64-bit code (0x28, DPL3:
 /// CS = 0x2b), then one 64-bit TSS descriptor per vCPU (0x30 + 16 * i, see `TSS_BASE`).
-fn setup_page_tables(mem: &GuestMem) {
+fn setup_page_tables(mem: &GuestMem) -> Result<()> {
     const USER: u64 = 0x4;
-    mem.write_u64(PML4, PDPT | 0x3 | USER);
+    mem.write_u64(PML4, PDPT | 0x3 | USER)?;
     for i in 0..4u64 {
-        mem.write_u64(PDPT + 8 * i, (PD + 0x1000 * i) | 0x3 | USER);
-        for j in 0..512u64 {
-            let addr = (i << 30) | (j << 21);
-            mem.write_u64(PD + 0x1000 * i + 8 * j, addr | 0x83 | USER);
-        }
+        mem.write_u64(PDPT + 8 * i, (PD + 0x1000 * i) | 0x3 | USER)?;
+        let pd: Vec<u8> = (0..512u64)
+            .flat_map(|j| ((i << 30) | (j << 21) | 0x83 | USER).to_le_bytes())
+            .collect();
+        mem.write(PD + 0x1000 * i, &pd)?;
     }
-    mem.write_u64(GDT, 0);
-    mem.write_u64(GDT + 8, 0x00af_9b00_0000_ffff);
-    mem.write_u64(GDT + 16, 0x00cf_9300_0000_ffff);
-    mem.write_u64(GDT + 24, 0x00cf_9b00_0000_ffff);
-    mem.write_u64(GDT + 32, 0x00cf_f300_0000_ffff);
-    mem.write_u64(GDT + 40, 0x00af_fb00_0000_ffff);
+    mem.write_u64(GDT, 0)?;
+    mem.write_u64(GDT + 8, 0x00af_9b00_0000_ffff)?;
+    mem.write_u64(GDT + 16, 0x00cf_9300_0000_ffff)?;
+    mem.write_u64(GDT + 24, 0x00cf_9b00_0000_ffff)?;
+    mem.write_u64(GDT + 32, 0x00cf_f300_0000_ffff)?;
+    mem.write_u64(GDT + 40, 0x00af_fb00_0000_ffff)?;
     for i in 0..TSS_VCPUS {
         let [low, high] = tss_descriptor(TSS_BASE + i * TSS_STRIDE);
         let entry = GDT + 8 * (GDT_SEGMENTS + 2 * i);
-        mem.write_u64(entry, low);
-        mem.write_u64(entry + 8, high);
+        mem.write_u64(entry, low)?;
+        mem.write_u64(entry + 8, high)?;
     }
+    Ok(())
 }
 
 /// The 16-byte descriptor of an available 64-bit TSS at `base` (limit `TSS_LIMIT`, DPL0).
@@ -338,8 +372,10 @@ fn tss_descriptor(base: u64) -> [u64; 2] {
 
 /// Puts vCPU `id` in 64-bit mode at CPL0 through `set_sregs` (no real-mode trampoline), with
 /// its task register on its TSS (if it has one).
-fn setup_long_mode(vcpu: &VcpuFd, id: u64) -> io::Result<()> {
-    let mut sregs = vcpu.get_sregs().map_err(io::Error::from)?;
+fn setup_long_mode(vcpu: &VcpuFd, id: u64) -> Result<()> {
+    let mut sregs = vcpu
+        .get_sregs()
+        .map_err(MachineError::kvm("KVM_GET_SREGS"))?;
     sregs.gdt.base = GDT;
     sregs.gdt.limit = (8 * (GDT_SEGMENTS + 2 * TSS_VCPUS) - 1) as u16;
     sregs.cs = segment(0x8, 0xb, true);
@@ -363,21 +399,44 @@ fn setup_long_mode(vcpu: &VcpuFd, id: u64) -> io::Result<()> {
     sregs.cr4 = 0x20; // PAE
     sregs.cr0 = 0x8000_0033; // PG | NE | ET | MP | PE
     sregs.efer = 0x500; // LMA | LME
-    vcpu.set_sregs(&sregs).map_err(io::Error::from)
+    vcpu.set_sregs(&sregs)
+        .map_err(MachineError::kvm("KVM_SET_SREGS"))
 }
 
 /// The host's supported CPUID, the base the personalities edit.
-pub fn supported_cpuid(kvm: &Kvm) -> io::Result<CpuId> {
+pub fn supported_cpuid(kvm: &Kvm) -> Result<CpuId> {
     kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(io::Error::from)
+        .map_err(MachineError::kvm("KVM_GET_SUPPORTED_CPUID"))
 }
 
-/// Whether `/dev/kvm` (or `$VPMU_KVM_DEVICE`, for testing the skip path) can be opened and
-/// has what the VMM needs.
-pub fn usable() -> Result<Kvm, String> {
-    let path = std::env::var("VPMU_KVM_DEVICE").unwrap_or_else(|_| "/dev/kvm".into());
-    let cpath = std::ffi::CString::new(path.clone()).map_err(|e| e.to_string())?;
-    let kvm = Kvm::new_with_path(&cpath).map_err(|e| format!("cannot open {path}: {e}"))?;
+/// The API version every KVM answers `KVM_GET_API_VERSION` with.
+const KVM_API_VERSION: i32 = 12;
+
+/// Whether `/dev/kvm` (or `$VPMU_KVM_DEVICE`, for testing the skip path) can be opened, is
+/// KVM, and has what the VMM needs.
+pub fn usable() -> Result<Kvm> {
+    match std::env::var("VPMU_KVM_DEVICE") {
+        Ok(path) => usable_at(&path, true),
+        Err(_) => usable_at("/dev/kvm", false),
+    }
+}
+
+/// `usable` for the device at `path` (`from_env`: named by `$VPMU_KVM_DEVICE`).
+fn usable_at(path: &str, from_env: bool) -> Result<Kvm> {
+    let cpath =
+        std::ffi::CString::new(path).map_err(|_| MachineError::DevicePath(path.to_string()))?;
+    let kvm = Kvm::new_with_path(&cpath).map_err(|source| MachineError::OpenDevice {
+        path: path.to_string(),
+        source,
+    })?;
+    // Anything that opens (/dev/null, a file) fails every KVM ioctl: say so rather than blame
+    // the first capability checked.
+    if kvm.get_api_version() != KVM_API_VERSION {
+        return Err(MachineError::NotKvm {
+            path: path.to_string(),
+            from_env,
+        });
+    }
     for cap in [
         kvm_ioctls::Cap::X86UserSpaceMsr,
         kvm_ioctls::Cap::X86MsrFilter,
@@ -386,7 +445,7 @@ pub fn usable() -> Result<Kvm, String> {
         kvm_ioctls::Cap::SignalMsi,
     ] {
         if !kvm.check_extension(cap) {
-            return Err(format!("KVM lacks {cap:?}"));
+            return Err(MachineError::MissingCapability(cap));
         }
     }
     Ok(kvm)
@@ -395,6 +454,55 @@ pub fn usable() -> Result<Kvm, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_memory_is_copied_in_and_out_and_bounded() {
+        let mem = GuestMem::new(MEM_SIZE).expect("memory");
+        mem.write(0x1000, &[1, 2, 3]).expect("in RAM");
+        let mut buf = [0u8; 4];
+        mem.read(0x0fff, &mut buf).expect("in RAM");
+        assert_eq!(buf, [0, 1, 2, 3]);
+        assert_eq!(mem.to_vec(0x1001, 2), Some(vec![2, 3]));
+        mem.write_u64(0x2000, 0x0102_0304_0506_0708)
+            .expect("in RAM");
+        assert_eq!(mem.read_u64(0x2000), Some(0x0102_0304_0506_0708));
+        assert_eq!(mem.read_as::<[u8; 2]>(0x2000), Some([8, 7]));
+        // The last byte is RAM, one past it is not; nothing is done by a refused access.
+        let end = MEM_SIZE as u64;
+        assert!(mem.contains(end - 1, 1) && !mem.contains(end - 1, 2));
+        assert!(mem.write(end - 1, &[0xff, 0xff]).is_err());
+        assert_eq!(mem.to_vec(end - 1, 1), Some(vec![0]));
+        assert!(matches!(
+            mem.read(end - 3, &mut buf),
+            Err(MachineError::OutsideMemory { gpa, len: 4 }) if gpa == end - 3
+        ));
+        mem.read(end - 4, &mut buf).expect("the last 4 bytes");
+        assert_eq!(mem.read_u64(u64::MAX - 3), None);
+        assert_eq!(mem.to_vec(u64::MAX, 2), None);
+        assert!(!mem.contains(0, usize::MAX));
+    }
+
+    #[test]
+    fn a_device_that_is_not_kvm_is_named_as_such() {
+        let Err(e) = usable_at("/dev/null", true) else {
+            panic!("/dev/null taken for KVM");
+        };
+        assert!(
+            matches!(&e, MachineError::NotKvm { path, from_env: true } if path == "/dev/null"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "VPMU_KVM_DEVICE=/dev/null is not a KVM device"
+        );
+        let e = usable_at("/dev/null", false).expect_err("not KVM");
+        assert_eq!(e.to_string(), "/dev/null is not a KVM device");
+        let e = usable_at("/nonexistent/kvm", true).expect_err("absent");
+        assert!(
+            e.to_string().starts_with("cannot open /nonexistent/kvm: "),
+            "{e}"
+        );
+    }
 
     #[test]
     fn tss_descriptor_encodes_base_limit_and_type() {
@@ -409,7 +517,7 @@ mod tests {
     #[test]
     fn gdt_has_user_segments_and_pages_are_user_accessible() {
         let mem = GuestMem::new(MEM_SIZE).expect("memory");
-        setup_page_tables(&mem);
+        setup_page_tables(&mem).expect("in RAM");
         let gdt = |sel: u64| mem.read_u64(GDT + sel).expect("in RAM");
         // User data (0x20): present, DPL3, writable data; user code (0x28): DPL3, L.
         assert_eq!(gdt(0x20) >> 40 & 0xff, 0xf3);

@@ -37,7 +37,6 @@
 
 use std::cell::Cell;
 use std::fmt::Write as _;
-use std::io;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -46,6 +45,8 @@ use kvm_bindings::{CpuId, kvm_sync_regs};
 use kvm_ioctls::Kvm;
 use vpmu::{CrossCpuRequest, Mode, PcpuPmu, PmuBackend, VcpuId, VcpuPmu, VcpuTable, Vpmu};
 
+pub use crate::error::MachineError;
+use crate::error::Result;
 pub use crate::kvm::{GuestMem, Vm};
 use crate::kvm::{STACK_TOP, Vcpu};
 use crate::personality::Personality;
@@ -55,6 +56,7 @@ use platform::{Host, PlatformState};
 pub use platform::{PmiContext, VmmActivity};
 use runner::{Rendezvous, Runner};
 
+pub mod error;
 mod exit;
 pub mod kick;
 pub mod kvm;
@@ -278,6 +280,32 @@ impl<C> VcpuTable<C> for Table<C> {
 
 type Ctx<P> = <<P as Personality>::Backend as PmuBackend>::Context;
 
+impl<P: Personality> Shared<P> {
+    /// Drops the LVTPC deliveries still queued for `vcpu` (torn down, or out of the mode they
+    /// were routed under) and reports each to the core as not delivered
+    /// (`Vpmu::lvtpc_delivery_done(.., false)`: the PMI leaves the in-flight count as dropped).
+    /// Returns how many were dropped.
+    fn discard_queued(&self, vcpu: VcpuId) -> usize {
+        let dropped = self.host.drop_queued(vcpu);
+        if dropped > 0 {
+            if let Some(mut v) = self.vcpus.lock(vcpu) {
+                for _ in 0..dropped {
+                    self.vpmu.lvtpc_delivery_done(&mut v, false);
+                }
+            }
+        }
+        dropped
+    }
+
+    /// `discard_queued` for every vCPU.
+    fn discard_all_queued(&self) -> usize {
+        self.host
+            .vcpu_ids()
+            .map(|vcpu| self.discard_queued(vcpu))
+            .sum()
+    }
+}
+
 /// What every pCPU thread of a run shares, by `&`: the core, the vCPU table, the platform's
 /// shared state, and the slots through which pCPUs change threads at a migration.
 struct Shared<P: Personality> {
@@ -375,6 +403,20 @@ impl Layout {
     fn shared(self) -> bool {
         !matches!(self, Layout::ThreadPerVcpu(_))
     }
+
+    /// Refuses a layout with a domain id the ABI reserves (`XENPMU_DOMID_FIRST_RESERVED` and
+    /// up): a sample naming such a domain would read as `XENPMU_DOMID_SELF` or
+    /// `XENPMU_DOMID_HYPERVISOR`.
+    fn check_domains(self) -> Result<()> {
+        let (counts, _) = self.shape();
+        let first_reserved = vpmu::abi::XENPMU_DOMID_FIRST_RESERVED;
+        if counts.len() > first_reserved as usize {
+            return Err(MachineError::ReservedDomain {
+                domain: first_reserved,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The VMs of one run, ready to run a guest program under personality `P`.
@@ -423,7 +465,7 @@ impl<P: Personality> Machine<P> {
         image: &[u8],
         arg: u64,
         vcpus: u32,
-    ) -> io::Result<Self> {
+    ) -> Result<Self> {
         Self::with_layout(
             kvm,
             personality,
@@ -442,7 +484,7 @@ impl<P: Personality> Machine<P> {
         image: &[u8],
         arg: u64,
         layout: Layout,
-    ) -> io::Result<Self> {
+    ) -> Result<Self> {
         Self::with_images(kvm, personality, base_cpuid, &|_| image, arg, layout)
     }
 
@@ -455,10 +497,11 @@ impl<P: Personality> Machine<P> {
         image_of: &dyn Fn(u32) -> &'i [u8],
         arg: u64,
         layout: Layout,
-    ) -> io::Result<Self> {
+    ) -> Result<Self> {
+        let (counts, pcpu_count) = layout.shape();
+        layout.check_domains()?;
         let mut cpuid = base_cpuid.clone();
         personality.cpuid(&mut cpuid);
-        let (counts, pcpu_count) = layout.shape();
         let mut vms = Vec::new();
         let mut vcpus = Vec::new();
         for (domain, &per_domain) in (0u32..).zip(&counts) {
@@ -486,9 +529,12 @@ impl<P: Personality> Machine<P> {
                         masked: false,
                         pmi_log: Vec::new(),
                     })
-                    .map_err(|e| io::Error::other(format!("attach_pcpu: {e:?}")))
+                    .map_err(|error| MachineError::Core {
+                        call: "attach_pcpu",
+                        error,
+                    })
             })
-            .collect::<io::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
         let index = VcpuIndex::new(&counts);
         let table = Table {
             vcpus: vcpus
@@ -576,11 +622,10 @@ impl<P: Personality> Machine<P> {
         } else {
             Self::run_threads(runners, pcpus, timeout)
         };
+        // Every vCPU thread has ended: deliveries still queued never will be.
+        shared.discard_all_queued();
         for (domain, gpa, len) in peeks {
-            let bytes = vms[domain as usize]
-                .mem
-                .slice_mut(gpa, len)
-                .map(|b| b.to_vec());
+            let bytes = vms[domain as usize].mem.to_vec(gpa, len);
             // The first vCPU of the domain carries its domain's peeks.
             let first = vcpu_ids.iter().position(|id| id.domain == domain);
             if let (Some(bytes), Some(r)) = (bytes, first.and_then(|i| results.get_mut(i))) {
@@ -712,7 +757,9 @@ impl<P: Personality> Machine<P> {
     /// that domain's first vCPU (`RunResult::peeked`): what a guest left in memory (None if
     /// the range is outside guest memory).
     pub fn peek_after_run(&mut self, domain: u32, gpa: u64, len: usize) -> Option<()> {
-        self.vms.get(domain as usize)?.mem.slice_mut(gpa, len)?;
+        if !self.vms.get(domain as usize)?.mem.contains(gpa, len) {
+            return None;
+        }
         self.peeks.push((domain, gpa, len));
         Some(())
     }

@@ -60,7 +60,7 @@ impl std::error::Error for LoadError {}
 /// addresses (zero-filling `.bss`) and returns the entry point.
 pub fn load_elf(elf: &[u8], mem: &GuestMem) -> Result<u64, LoadError> {
     let not_elf = |e: object::Error| LoadError::NotElf64X86(e.to_string());
-    let aligned = AlignedElf::new(elf).map_err(LoadError::NotElf64X86)?;
+    let aligned = AlignedElf::new(elf).map_err(|e| LoadError::NotElf64X86(e.to_string()))?;
     let elf = aligned.bytes();
     let header = FileHeader64::<Endianness>::parse(elf).map_err(not_elf)?;
     let endian = header.endian().map_err(not_elf)?;
@@ -86,9 +86,14 @@ pub fn load_elf(elf: &[u8], mem: &GuestMem) -> Result<u64, LoadError> {
             limit: mem.len() as u64,
         };
         let len = usize::try_from(memsz.max(data.len() as u64)).map_err(|_| outside.clone())?;
-        let dst = mem.slice_mut(paddr, len).ok_or(outside)?;
-        dst[..data.len()].copy_from_slice(data);
-        dst[data.len()..].fill(0);
+        if !mem.contains(paddr, len) {
+            return Err(outside);
+        }
+        // The file's bytes, then `.bss` zero-filled, copied in (the vCPUs do not run yet).
+        let bss = paddr + data.len() as u64;
+        mem.write(paddr, data)
+            .and_then(|()| mem.write(bss, &vec![0; len - data.len()]))
+            .map_err(|_| outside)?;
     }
     Ok(header.e_entry(endian))
 }
@@ -107,10 +112,10 @@ mod tests {
         if !COMPAT.is_empty() {
             assert_eq!(load_elf(COMPAT, &mem), Ok(0x10_0000));
             // The flat 32-bit consumer starts with `push %esi` (56).
-            assert_eq!(mem.slice_mut(0x20_0000, 1).expect("in RAM")[0], 0x56);
+            assert_eq!(mem.to_vec(0x20_0000, 1), Some(vec![0x56]));
         }
         // _start begins with `call main` (e8).
-        assert_eq!(mem.slice_mut(0x10_0000, 1).expect("in RAM")[0], 0xe8);
+        assert_eq!(mem.to_vec(0x10_0000, 1), Some(vec![0xe8]));
     }
 
     #[test]

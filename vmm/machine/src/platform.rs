@@ -17,11 +17,11 @@ use vpmu::{
     AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError,
     PageSlot, Platform, VcpuId,
 };
-use zerocopy::FromBytes;
+use zerocopy::IntoBytes;
 
 use super::{Layout, PRIVILEGED_DOMAIN, VIRQ_VECTOR, VcpuIndex, lock_shared};
 use crate::kick::KickTarget;
-use crate::kvm::Vm;
+use crate::kvm::{GuestMem, Vm};
 
 const LAPIC_ID: usize = 0x20;
 const LAPIC_SVR: usize = 0xF0;
@@ -332,7 +332,24 @@ impl Host {
         std::mem::take(&mut *queued)
     }
 
-    fn queue_lvtpc(&self, pmi: QueuedPmi) -> bool {
+    /// Drops the LVTPC deliveries waiting for `vcpu` (torn down, or the mode they were routed
+    /// under is over): returns how many, for the caller to report to the core as not
+    /// delivered. Lock-free when there are none.
+    pub(super) fn drop_queued(&self, vcpu: VcpuId) -> usize {
+        if !self.has_queued(vcpu) {
+            return 0;
+        }
+        self.take_queued(vcpu).len()
+    }
+
+    /// Every vCPU of every domain.
+    pub(super) fn vcpu_ids(&self) -> impl Iterator<Item = VcpuId> + '_ {
+        (0u32..)
+            .zip(&self.index.counts)
+            .flat_map(|(domain, &count)| (0..count).map(move |vcpu| VcpuId { domain, vcpu }))
+    }
+
+    pub(super) fn queue_lvtpc(&self, pmi: QueuedPmi) -> bool {
         let Some(signals) = self.signals(pmi.to) else {
             return false;
         };
@@ -364,9 +381,11 @@ pub(super) struct KvmPlatform<'a> {
     pub(super) state: &'a mut PlatformState,
 }
 
-/// A page slot names the domain and the frame: `domain << 32 | gfn`.
-fn slot_of(domain: u32, gfn: u64) -> PageSlot {
-    PageSlot(u64::from(domain) << 32 | gfn)
+/// A page slot names the domain and the frame: `domain << 32 | gfn`, for a frame number that
+/// fits in 32 bits (None otherwise: its high bits would name another domain's slot).
+fn slot_of(domain: u32, gfn: u64) -> Option<PageSlot> {
+    let gfn = u32::try_from(gfn).ok()?;
+    Some(PageSlot(u64::from(domain) << 32 | u64::from(gfn)))
 }
 
 fn page_of(slot: PageSlot) -> (u32, u64) {
@@ -458,16 +477,16 @@ impl Platform for KvmPlatform<'_> {
     fn map_page(&mut self, domain: u32, gfn: u64) -> Result<PageSlot, MapError> {
         let in_ram = self.vms.get(domain as usize).is_some_and(|vm| {
             gfn.checked_mul(4096)
-                .and_then(|gpa| vm.mem.slice_mut(gpa, 4096))
-                .is_some()
+                .is_some_and(|gpa| vm.mem.contains(gpa, 4096))
         });
-        if !in_ram || gfn == 0 {
+        let slot = slot_of(domain, gfn);
+        let Some(slot) = slot.filter(|_| in_ram && gfn != 0) else {
             return Err(MapError::InvalidFrame);
-        }
+        };
         if !self.host.pages.map(domain, gfn) {
             return Err(MapError::NoMemory);
         }
-        Ok(slot_of(domain, gfn))
+        Ok(slot)
     }
 
     fn unmap_page(&mut self, slot: PageSlot) {
@@ -482,13 +501,16 @@ impl Platform for KvmPlatform<'_> {
         if !self.host.pages.mapped(domain, gfn) {
             return None;
         }
-        let bytes = self
-            .vms
-            .get(domain as usize)?
-            .mem
-            .slice_mut(gfn * 4096, 4096)?;
-        let page = Page::mut_from_bytes(bytes).ok()?;
-        Some(access(page))
+        // The core works on a private copy, read once; what it changed is written back
+        // (only the bytes it changed, so that the guest's own writes to the rest of the page
+        // in the meantime stand, as they would on a page both write in place).
+        let mem = &self.vms.get(domain as usize)?.mem;
+        let gpa = gfn.checked_mul(4096)?;
+        let before: Box<Page> = Box::new(mem.read_as(gpa)?);
+        let mut page = before.clone();
+        let result = access(&mut page);
+        write_changes(mem, gpa, before.as_bytes(), page.as_bytes());
+        Some(result)
     }
 
     fn deliver_lvtpc_pmi(&mut self, vcpu: VcpuId, mask_on_delivery: bool) -> LvtpcDelivery {
@@ -532,13 +554,7 @@ impl Platform for KvmPlatform<'_> {
         let Some(vm) = self.vms.get(caller.domain as usize) else {
             return false;
         };
-        match vm.mem.slice_mut(address, data.len()) {
-            Some(dst) => {
-                dst.copy_from_slice(data);
-                true
-            }
-            None => false,
-        }
+        vm.mem.write(address, data).is_ok()
     }
 
     fn send_request(&mut self, pcpu: u32, request: CrossCpuRequest) {
@@ -579,6 +595,24 @@ impl Platform for KvmPlatform<'_> {
         if self.state.diagnostics <= 8 {
             eprintln!("vpmu diagnostic: {diagnostic:?}");
         }
+    }
+}
+
+/// Writes back to `gpa` the runs of bytes where `after` differs from `before` (copies of the
+/// same guest range).
+fn write_changes(mem: &GuestMem, gpa: u64, before: &[u8], after: &[u8]) {
+    let mut i = 0;
+    while i < after.len() {
+        if before.get(i) == Some(&after[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < after.len() && before.get(i) != Some(&after[i]) {
+            i += 1;
+        }
+        // Inside RAM: the range was just read.
+        let _ = mem.write(gpa + start as u64, &after[start..i]);
     }
 }
 
@@ -645,6 +679,61 @@ pub(super) fn regs_of(s: &kvm_sync_regs) -> Regs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_slots_refuse_frames_that_do_not_fit_32_bits() {
+        // Domain 1's frame 5 and domain 0's frame 2^32 + 5 would share a slot unmasked.
+        let slot = slot_of(1, 5).expect("fits");
+        assert_eq!(page_of(slot), (1, 5));
+        assert_eq!(slot_of(0, (1 << 32) | 5), None);
+        assert_eq!(slot_of(0, u64::MAX), None);
+        let last = slot_of(u32::MAX, u64::from(u32::MAX)).expect("fits");
+        assert_eq!(page_of(last), (u32::MAX, u64::from(u32::MAX)));
+    }
+
+    #[test]
+    fn only_the_changed_bytes_of_a_page_copy_are_written_back() {
+        let mem = GuestMem::new(1 << 20).expect("memory");
+        mem.write(0x1000, &[1, 2, 3, 4, 5, 6]).expect("in RAM");
+        let before = mem.to_vec(0x1000, 6).expect("in RAM");
+        let mut after = before.clone();
+        after[1] = 20;
+        after[2] = 30;
+        after[5] = 60;
+        // The guest writes byte 3 meanwhile: the write-back leaves it.
+        mem.write(0x1003, &[40]).expect("in RAM");
+        write_changes(&mem, 0x1000, &before, &after);
+        assert_eq!(mem.to_vec(0x1000, 6), Some(vec![1, 20, 30, 40, 5, 60]));
+    }
+
+    #[test]
+    fn queued_deliveries_can_be_dropped() {
+        let index = VcpuIndex::new(&[2, 1]);
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let host = Host::new(Layout::SharedPcpu(2), index, vec![tx]);
+        let to = VcpuId { domain: 0, vcpu: 1 };
+        let pmi = QueuedPmi {
+            to,
+            mask_on_delivery: true,
+            context: PmiContext {
+                rip: 0x1000,
+                cpl: 0,
+                mode: XENPMU_REGS_MODE_64,
+            },
+        };
+        assert!(host.queue_lvtpc(pmi) && host.queue_lvtpc(pmi));
+        assert!(host.has_queued(to));
+        assert_eq!(host.drop_queued(VcpuId { domain: 1, vcpu: 0 }), 0);
+        assert_eq!(host.drop_queued(to), 2);
+        assert!(!host.has_queued(to));
+        assert!(host.take_queued(to).is_empty());
+        assert_eq!(host.drop_queued(to), 0);
+        let ids: Vec<VcpuId> = host.vcpu_ids().collect();
+        assert_eq!(
+            ids,
+            [(0, 0), (0, 1), (1, 0)].map(|(domain, vcpu)| VcpuId { domain, vcpu })
+        );
+    }
 
     #[test]
     fn code_size_follows_cs_and_cr0() {

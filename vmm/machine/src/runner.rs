@@ -1,6 +1,5 @@
 //! One vCPU thread: the run loop (requests, entry, exit dispatch, PMI check) and migrations.
 
-use std::io;
 use std::sync::mpsc::Receiver;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -14,6 +13,7 @@ use super::{
     Ctx, LockCount, Pcpu, PmiRecord, RunResult, Shared, count_shared_lock, lock_shared, locks_taken,
 };
 use super::{GuestPorts, PortAccess};
+use crate::error::{MachineError, Result};
 use crate::kick::Kick;
 use crate::kvm::{Vcpu, Vm};
 use crate::personality::{Personality, Source};
@@ -75,7 +75,7 @@ pub(super) struct ThreadKick<'h> {
 }
 
 impl<'h> ThreadKick<'h> {
-    pub(super) fn new(run: *mut kvm_run, host: &'h Host) -> Result<Self, String> {
+    pub(super) fn new(run: *mut kvm_run, host: &'h Host) -> Result<Self> {
         Ok(Self {
             kick: Kick::new(run)?,
             host,
@@ -137,8 +137,8 @@ impl Rendezvous {
         }
     }
 
-    pub(super) fn wait(&self, timeout: Duration) -> io::Result<()> {
-        let poisoned = |_| io::Error::other("rendezvous lock poisoned");
+    pub(super) fn wait(&self, timeout: Duration) -> Result<()> {
+        let poisoned = |_| MachineError::Rendezvous("rendezvous lock poisoned");
         count_shared_lock();
         let mut state = self.state.lock().map_err(poisoned)?;
         let generation = state.0;
@@ -151,9 +151,9 @@ impl Rendezvous {
         let (state, _) = self
             .all_arrived
             .wait_timeout_while(state, timeout, |s| s.0 == generation)
-            .map_err(|_| io::Error::other("rendezvous lock poisoned"))?;
+            .map_err(|_| MachineError::Rendezvous("rendezvous lock poisoned"))?;
         if state.0 == generation {
-            return Err(io::Error::other(
+            return Err(MachineError::Rendezvous(
                 "another vCPU never reached the rendezvous",
             ));
         }
@@ -199,7 +199,7 @@ impl<'a, P: Personality> Runner<'a, P> {
 
     /// Completes the requests other pCPUs sent this one, in order (before the next guest
     /// entry). Lock-free when there are none.
-    pub(super) fn complete_requests(&mut self) -> io::Result<()> {
+    pub(super) fn complete_requests(&mut self) -> Result<()> {
         loop {
             let Some(request) = self.parts().requests.try_recv().ok() else {
                 return Ok(());
@@ -210,7 +210,7 @@ impl<'a, P: Personality> Runner<'a, P> {
                     .vpmu
                     .complete_request(&mut p.platform, p.pmu, &p.shared.vcpus, request)
             })
-            .map_err(|e| io::Error::other(format!("complete_request {request:?}: {e:?}")))?;
+            .map_err(|error| MachineError::Request { request, error })?;
         }
     }
 
@@ -267,13 +267,16 @@ impl<'a, P: Personality> Runner<'a, P> {
     /// The end of this thread's time as its pCPU: completes what was sent to it, switches
     /// the vCPU off (saving its context), and takes the pCPU out of service, so that no policy
     /// change waits for it any more. Returns the pCPU's PMI record.
-    pub(super) fn leave_pcpu(&mut self) -> (Vec<PmiRecord>, Option<String>) {
+    pub(super) fn leave_pcpu(&mut self) -> (Vec<PmiRecord>, Option<MachineError>) {
         if self.cpu.is_none() {
             return (Vec::new(), None);
         }
-        let mut error = self.complete_requests().err().map(|e| e.to_string());
+        let mut error = self.complete_requests().err();
         if let Err(e) = self.switch(None) {
-            error.get_or_insert(format!("context_switch: {e:?}"));
+            error.get_or_insert(MachineError::Core {
+                call: "context_switch",
+                error: e,
+            });
         }
         let Some(mut cpu) = self.cpu.take() else {
             return (Vec::new(), error);
@@ -295,7 +298,10 @@ impl<'a, P: Personality> Runner<'a, P> {
             .vpmu
             .detach_pcpu(&mut platform, cpu.pmu, &self.shared.vcpus)
         {
-            error.get_or_insert(format!("detach_pcpu: {e:?}"));
+            error.get_or_insert(MachineError::Core {
+                call: "detach_pcpu",
+                error: e,
+            });
         }
         (log, error)
     }
@@ -304,10 +310,10 @@ impl<'a, P: Personality> Runner<'a, P> {
     /// once: each thread switches its vCPU off its pCPU (saving it from that model) and parks
     /// the pCPU; once all are parked, each takes over the next pCPU and switches its vCPU in
     /// there (loading it onto that model). Returns the new pCPU.
-    pub(super) fn migrate(&mut self, kick: &ThreadKick<'_>) -> io::Result<u32> {
+    pub(super) fn migrate(&mut self, kick: &ThreadKick<'_>) -> Result<u32> {
         if self.vms.len() > 1 {
             // Several domains share one pCPU on one thread: nobody else would arrive.
-            return Err(io::Error::other(
+            return Err(MachineError::GuestProtocol(
                 "migration is only for the vCPUs of a one-domain run",
             ));
         }
@@ -316,10 +322,15 @@ impl<'a, P: Personality> Runner<'a, P> {
         let mut result = self
             .complete_requests()
             .and_then(|()| {
-                self.switch(None)
-                    .map_err(|e| io::Error::other(format!("{e:?}")))
+                self.switch(None).map_err(|error| MachineError::Core {
+                    call: "context_switch",
+                    error,
+                })
             })
-            .map_err(|e| io::Error::other(format!("migration off pCPU {from}: {e}")));
+            .map_err(|e| MachineError::MigrationOff {
+                from,
+                source: Box::new(e),
+            });
         kick.unregister(from);
         let parked = self.cpu.take();
         *lock_shared(&self.shared.parking[from as usize]) = parked;
@@ -327,16 +338,14 @@ impl<'a, P: Personality> Runner<'a, P> {
         self.barrier.wait(RENDEZVOUS_TIMEOUT)?;
         self.cpu = lock_shared(&self.shared.parking[to as usize]).take();
         if self.cpu.is_none() {
-            return Err(io::Error::other(format!(
-                "migration: pCPU {to} was not handed over"
-            )));
+            return Err(MachineError::NotHandedOver(to));
         }
         self.pcpu = to;
         kick.register(to);
         if result.is_ok() {
             result = self
                 .switch(Some(self.me))
-                .map_err(|e| io::Error::other(format!("migration onto pCPU {to}: {e:?}")));
+                .map_err(|error| MachineError::MigrationOnto { to, error });
         }
         self.barrier.wait(RENDEZVOUS_TIMEOUT)?;
         result.map(|()| to)
@@ -357,10 +366,13 @@ impl<'a, P: Personality> Runner<'a, P> {
                     .run_loop(timeout, start, &mut result, &kick, None)
                     .map(|_| ());
                 let (_, left) = self.leave_pcpu();
-                outcome.and_then(|()| left.map_or(Ok(()), |e| Err(io::Error::other(e))))
+                outcome.and_then(|()| left.map_or(Ok(()), Err))
             }
-            (Err(e), _) => Err(io::Error::other(format!("context_switch: {e:?}"))),
-            (_, Err(e)) => Err(io::Error::other(e)),
+            (Err(error), _) => Err(MachineError::Core {
+                call: "context_switch",
+                error,
+            }),
+            (_, Err(e)) => Err(e),
         };
         if outcome.is_err() {
             // Out of service on every path, so that the other threads' changes never wait
@@ -386,7 +398,7 @@ impl<'a, P: Personality> Runner<'a, P> {
         result: &mut RunResult,
         kick: &ThreadKick<'_>,
         slice: Option<u64>,
-    ) -> io::Result<bool> {
+    ) -> Result<bool> {
         let mut back: Option<Instant> = None;
         let mut armed: Option<Instant> = None;
         let precise = self.personality.source() == Source::Precise;
@@ -398,7 +410,7 @@ impl<'a, P: Personality> Runner<'a, P> {
         let slice_end = (slice.is_some() && !precise).then(|| Instant::now() + SLICE_TIME);
         loop {
             if start.elapsed() > timeout {
-                return Err(io::Error::other(format!("timeout after {timeout:?}")));
+                return Err(MachineError::Timeout(timeout));
             }
             if slice.is_some_and(|n| exits >= n) || slice_end.is_some_and(|e| Instant::now() >= e) {
                 // The slice ends after that exit: its locks are counted up to here.
@@ -544,8 +556,12 @@ impl<'a, P: Personality> Runner<'a, P> {
                                 vcpu: self.me,
                                 memory: &self.vm.mem,
                             };
-                            extension.out(access, other, value).map_err(|e| {
-                                io::Error::other(format!("port {other:#x} <- {value:#x}: {e}"))
+                            extension.out(access, other, value).map_err(|message| {
+                                MachineError::Port {
+                                    port: other,
+                                    value,
+                                    message,
+                                }
                             })?;
                         }
                     }
@@ -571,7 +587,7 @@ impl<'a, P: Personality> Runner<'a, P> {
                     // deadline is re-armed either way).
                     armed = None;
                 }
-                Exit::Other(what) => return Err(io::Error::other(what)),
+                Exit::Other(what) => return Err(MachineError::UnexpectedExit(what)),
             }
             self.check_pmi()?;
         }
@@ -602,7 +618,7 @@ impl<'a, P: Personality> Runner<'a, P> {
         }
     }
 
-    pub(super) fn check_pmi(&mut self) -> io::Result<()> {
+    pub(super) fn check_pmi(&mut self) -> Result<()> {
         let pcpu = self.pcpu;
         let mut p = self.parts();
         if *p.platform.physical_masked || !p.pmu.hw_mut().take_pmi() {
@@ -628,8 +644,9 @@ impl<'a, P: Personality> Runner<'a, P> {
                 });
             }
         }
-        outcome
-            .map(|_| ())
-            .map_err(|e| io::Error::other(format!("handle_pmi: {e:?}")))
+        outcome.map(|_| ()).map_err(|error| MachineError::Core {
+            call: "handle_pmi",
+            error,
+        })
     }
 }

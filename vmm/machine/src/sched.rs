@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::runner::{Runner, ThreadKick};
 use super::{Pcpu, PmiRecord, RunResult};
+use crate::error::MachineError;
 use crate::personality::Personality;
 
 /// Exits per time slice: small, so that the switches land inside the measured loops (a
@@ -44,7 +45,7 @@ pub(super) fn run_shared<P: Personality>(
         Ok(kick) => kick,
         Err(e) => {
             for r in &mut results {
-                r.error = Some(e.clone());
+                r.error = Some(e.to_string());
             }
             first.cpu = cpu.take();
             let (log, _) = first.leave_pcpu();
@@ -73,17 +74,18 @@ pub(super) fn run_shared<P: Personality>(
         let switched = runner.switch(Some(me));
         runner.slices += 1;
         let slice = switched
-            .map_err(|e| format!("context_switch: {e:?}"))
+            .map_err(|error| MachineError::Core {
+                call: "context_switch",
+                error,
+            })
             .and_then(|()| {
-                runner
-                    .run_loop(timeout, start, &mut results[i], &kick, Some(SLICE_EXITS))
-                    .map_err(|e| e.to_string())
+                runner.run_loop(timeout, start, &mut results[i], &kick, Some(SLICE_EXITS))
             });
         cpu = runner.cpu.take();
         match slice {
             Ok(finished) => done[i] = finished,
             Err(e) => {
-                results[i].error = Some(e);
+                results[i].error = Some(e.to_string());
                 done[i] = true;
             }
         }
@@ -113,7 +115,7 @@ pub(super) fn run_shared<P: Personality>(
     runners[last].cpu = cpu.take();
     let (log, left) = runners[last].leave_pcpu();
     if let (Some(e), Some(r)) = (left, results.get_mut(last)) {
-        r.error.get_or_insert(e);
+        r.error.get_or_insert(e.to_string());
     }
     drop(kick);
     for (result, runner) in results.iter_mut().zip(&runners) {

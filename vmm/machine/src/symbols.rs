@@ -2,6 +2,28 @@
 
 use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, SectionKind, SymbolKind};
 
+/// Why a guest program's symbols could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SymbolError {
+    /// The image does not start with the ELF magic.
+    #[error("not an ELF file (bad magic)")]
+    NotElf,
+    /// The ELF parser refused the image (what it said).
+    #[error("malformed ELF: {0}")]
+    Malformed(String),
+    /// The image has no symbol table.
+    #[error("ELF has no symbol table (stripped? build with symbols)")]
+    NoSymbolTable,
+    /// The symbol table has no function symbols.
+    #[error("ELF symbol table has no function symbols")]
+    NoFunctions,
+}
+
+fn malformed(e: object::Error) -> SymbolError {
+    SymbolError::Malformed(e.to_string())
+}
+
 /// One function: the half-open address range `[start, end)` and its name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Entry {
@@ -37,13 +59,11 @@ impl Symbols {
     /// `.type`. Untyped labels named `*_end` are taken as end markers (they bound the preceding
     /// label) rather than functions. A zero-size symbol extends to the next symbol or end
     /// marker, or to the end of its section.
-    pub fn from_elf(elf: &[u8]) -> Result<Symbols, String> {
+    pub fn from_elf(elf: &[u8]) -> Result<Symbols, SymbolError> {
         let aligned = AlignedElf::new(elf)?;
         let elf = aligned.bytes();
-        let file = object::File::parse(elf).map_err(|e| format!("malformed ELF: {e}"))?;
-        let table = file
-            .symbol_table()
-            .ok_or_else(|| "ELF has no symbol table (stripped? build with symbols)".to_string())?;
+        let file = object::File::parse(elf).map_err(malformed)?;
+        let table = file.symbol_table().ok_or(SymbolError::NoSymbolTable)?;
 
         let mut candidates = Vec::new();
         // Addresses where something ends even though no function starts there.
@@ -88,17 +108,16 @@ impl Symbols {
             });
         }
         if candidates.is_empty() {
-            return Err("ELF symbol table has no function symbols".to_string());
+            return Err(SymbolError::NoFunctions);
         }
         Ok(Self::resolve(candidates, boundaries))
     }
 
     /// The address and size of the symbol `name` (of any kind: a guest's configuration
     /// variable, say) in `elf`, or None if it has none.
-    pub fn address_of(elf: &[u8], name: &str) -> Result<Option<(u64, u64)>, String> {
+    pub fn address_of(elf: &[u8], name: &str) -> Result<Option<(u64, u64)>, SymbolError> {
         let aligned = AlignedElf::new(elf)?;
-        let file =
-            object::File::parse(aligned.bytes()).map_err(|e| format!("malformed ELF: {e}"))?;
+        let file = object::File::parse(aligned.bytes()).map_err(malformed)?;
         Ok(file
             .symbols()
             .find(|s| s.name() == Ok(name))
@@ -218,9 +237,9 @@ pub enum AlignedElf<'a> {
 
 impl<'a> AlignedElf<'a> {
     /// `elf`, aligned (copied if it is not); an error if it does not start like an ELF file.
-    pub fn new(elf: &'a [u8]) -> Result<Self, String> {
+    pub fn new(elf: &'a [u8]) -> Result<Self, SymbolError> {
         if !elf.starts_with(b"\x7fELF") {
-            return Err("not an ELF file (bad magic)".to_string());
+            return Err(SymbolError::NotElf);
         }
         if elf.as_ptr().align_offset(8) == 0 {
             return Ok(Self::InPlace(elf));
@@ -321,7 +340,7 @@ mod tests {
 
     #[test]
     fn garbage_is_refused() {
-        assert!(Symbols::from_elf(b"").unwrap_err().contains("not an ELF"));
+        assert_eq!(Symbols::from_elf(b"").unwrap_err(), SymbolError::NotElf);
         assert!(Symbols::from_elf(b"hello world, not an elf").is_err());
         let mut truncated = vpmu_guests::PMU[..64].to_vec();
         assert!(Symbols::from_elf(&truncated).is_err());
@@ -338,7 +357,8 @@ mod tests {
         elf[0x38..0x3a].fill(0); // e_phnum
         elf[0x3c..0x40].fill(0); // e_shnum, e_shstrndx
         let err = Symbols::from_elf(&elf).unwrap_err();
-        assert!(err.contains("stripped"), "{err}");
+        assert_eq!(err, SymbolError::NoSymbolTable);
+        assert!(err.to_string().contains("stripped"), "{err}");
     }
 
     #[test]

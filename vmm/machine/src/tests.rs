@@ -105,3 +105,76 @@ fn msr_exits_take_no_shared_lock() {
         }
     }
 }
+
+#[test]
+fn reserved_domain_ids_are_refused() {
+    let first = vpmu::abi::XENPMU_DOMID_FIRST_RESERVED;
+    // Domains 0..0x7FEF are real domain ids; one more would be XENPMU_DOMID_SELF.
+    assert!(Layout::SharedPcpu(first).check_domains().is_ok());
+    let refused = Layout::SharedPcpu(first + 1).check_domains();
+    assert!(
+        matches!(refused, Err(MachineError::ReservedDomain { domain }) if domain == first),
+        "{refused:?}"
+    );
+    let whole = Layout::SharedPcpus {
+        pcpus: 2,
+        domains: vpmu::abi::XENPMU_DOMID_HYPERVISOR + 1,
+        vcpus: 1,
+    };
+    assert!(whole.check_domains().is_err());
+    assert!(Layout::ThreadPerVcpu(4).check_domains().is_ok());
+    let message = Layout::SharedPcpu(first + 1)
+        .check_domains()
+        .expect_err("reserved")
+        .to_string();
+    assert!(message.contains("0x7ff0"), "{message}");
+}
+
+/// A queued LVTPC delivery of a vCPU that is torn down (or leaves its mode) is dropped and
+/// reported to the core, which counts it only if it was in flight.
+#[test]
+fn discarded_deliveries_leave_the_queue() {
+    use crate::personality::Personality;
+    use platform::{PmiContext, QueuedPmi};
+    let p = Intel::v5(Source::Precise);
+    let counts = [1u32, 2];
+    let index = VcpuIndex::new(&counts);
+    let vpmu = Vpmu::new(p.backend(), Mode::SelfProfiling, 1);
+    let ids: Vec<VcpuId> = [(0, 0), (1, 0), (1, 1)]
+        .map(|(domain, vcpu)| VcpuId { domain, vcpu })
+        .to_vec();
+    let table = Table {
+        vcpus: ids
+            .iter()
+            .map(|&id| Mutex::new(vpmu.new_vcpu(id)))
+            .collect(),
+        index: index.clone(),
+    };
+    let (tx, _rx) = mpsc::channel();
+    let shared: Shared<Intel> = Shared {
+        vpmu,
+        vcpus: table,
+        host: Host::new(Layout::SharedPcpu(2), index, vec![tx]),
+        parking: vec![Mutex::new(None)],
+    };
+    let queue = |to| {
+        shared.host.queue_lvtpc(QueuedPmi {
+            to,
+            mask_on_delivery: false,
+            context: PmiContext {
+                rip: 0,
+                cpl: 0,
+                mode: 0,
+            },
+        })
+    };
+    assert!(queue(ids[1]) && queue(ids[1]) && queue(ids[2]));
+    let stats = |id| *shared.vcpus.lock(id).expect("vCPU").stats();
+    let before = stats(ids[1]);
+    assert_eq!(shared.discard_queued(ids[1]), 2);
+    assert!(!shared.host.has_queued(ids[1]) && shared.host.has_queued(ids[2]));
+    // Nothing was in flight in the core for these: the report changes nothing.
+    assert_eq!(stats(ids[1]), before);
+    assert_eq!(shared.discard_all_queued(), 1);
+    assert!(!shared.host.has_queued(ids[2]));
+}

@@ -5,13 +5,13 @@
 //! replaced (13–22 k instructions per entry) is the tests' oracle, `vpmu_tests::oracle`;
 //! `cargo bench -p vpmu-tests --bench hot_paths` compares the two.
 
-use std::io;
 use std::time::Duration;
 
 use vpmu::{ExecMode, HwEvent, Mode, SoftwarePmu};
 
 use super::PRIVILEGED_DOMAIN;
 use super::runner::Runner;
+use crate::error::Result;
 use crate::personality::Personality;
 
 impl<P: Personality> Runner<'_, P> {
@@ -35,7 +35,7 @@ impl<P: Personality> Runner<'_, P> {
     /// as hypervisor-mode cycles into the pCPU's counters (which then hold the profiler's
     /// context: a hypervisor keeps the privileged domain's counters running across VM exits
     /// in hv mode, and stops every other domain's). A PMI it raises interrupted the VMM.
-    pub(super) fn feed_vmm_cycles(&mut self, vmm_time: Duration) -> io::Result<()> {
+    pub(super) fn feed_vmm_cycles(&mut self, vmm_time: Duration) -> Result<()> {
         let cycles = (vmm_time.as_nanos() * u128::from(self.tsc_khz) / 1_000_000) as u64;
         if self.shared.vpmu.mode() != Mode::Hypervisor
             || self.me.domain != PRIVILEGED_DOMAIN

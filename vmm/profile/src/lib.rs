@@ -10,7 +10,11 @@
 //! tables), `report` (per-domain tables, folded stacks, SVG, JSON), `validate` (the built-in
 //! checks), `workloads` (the built-in workloads' construction), `sweep` (delivered vs dropped
 //! and slowdown by frequency).
+//!
+//! The command line lives in `vpmu-cli`; this library takes typed `Options`, whose limits are
+//! the public constants below.
 
+mod error;
 pub mod protocol;
 pub mod report;
 pub mod run;
@@ -36,32 +40,7 @@ use vpmu_machine::personality::{Amd, Intel, Personality, Source};
 use vpmu_machine::symbols::Symbols;
 use workloads::{BUILT_IN, Workload};
 
-/// The usage text of `vpmu profile`.
-pub const USAGE: &str = "\
-usage: vpmu profile [--duration SECONDS] [--frequency HZ] [--mode all|hv|self]
-                    [--vendor intel|amd] [--guest ELF]... [--vcpus N] [--pcpus N]
-                    [--out DIR] [--top N]
-                    [--no-compare] [--sweep] [--quiet]
-  --duration   seconds to sample (default 5)
-  --frequency  samples per second of CPU time (default 2000; 1..=20000)
-  --mode       all: the profiler samples every domain (default); hv: every domain samples
-               itself and the profiler also samples the VMM; self: every domain samples itself
-  --vendor     the PMU the guests see: intel (architectural v5, default) or amd (PerfMonV2)
-  --guest      a static ELF64 guest to profile instead of the built-in workloads (repeat for
-               more domains, at most 7); symbolized from its own symbol table. Each of its
-               vCPUs enters its entry point (RSI = domain, LAPIC ID = vCPU): a guest that is
-               not SMP-safe wants --vcpus 1
-  --vcpus      vCPUs of each workload domain (default 2; 1..=8); vCPU i on pCPU i mod pcpus
-  --pcpus      pCPUs, each a host thread time-slicing its vCPUs (default 2; 1..=8); the
-               profiling domain has one vCPU per pCPU
-  --out        output directory (default profile-out): report.txt, profile.json, flamegraph.svg,
-               samples.jsonl (every sample with its full register set)
-  --top        functions per domain in the text report (default 10)
-  --no-compare all mode with the built-in workloads also runs them in self mode to check that
-               both rank each domain's functions alike (seed 002); this skips that run
-  --sweep      instead of one profile: delivered vs dropped samples and the workloads'
-               slowdown at 1, 4 and 10 kHz in all and self mode (writes sweep.json)
-  --quiet      no progress bar";
+pub use error::ProfileError;
 
 /// The PMU personality the guests see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,26 +51,27 @@ pub enum Vendor {
     Amd,
 }
 
-/// The options of `vpmu profile`.
+/// The options of `vpmu profile` (`Options::default()` is the command's defaults; the CLI
+/// checks every field against the limits below before anything runs).
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// How long to sample.
+    /// How long to sample (`MIN_DURATION..=MAX_DURATION`).
     pub duration: Duration,
-    /// Samples per second of CPU time.
+    /// Samples per second of CPU time (`MIN_FREQUENCY..=MAX_FREQUENCY`).
     pub frequency: u64,
     /// What to measure.
     pub mode: Mode,
     /// The PMU the guests see.
     pub vendor: Vendor,
-    /// User guests instead of the built-in workloads.
+    /// User guests instead of the built-in workloads (at most `MAX_GUESTS`).
     pub guests: Vec<PathBuf>,
-    /// vCPUs of each workload domain.
+    /// vCPUs of each workload domain (`1..=MAX_VCPUS`).
     pub vcpus: u32,
-    /// pCPUs (host threads).
+    /// pCPUs (host threads) (`1..=MAX_PCPUS`).
     pub pcpus: u32,
     /// Where the outputs go.
     pub out: PathBuf,
-    /// Functions per domain in the text report.
+    /// Functions per domain in the text report (at least 1).
     pub top: usize,
     /// Run the self-mode comparison (all mode, built-in workloads).
     pub compare: bool,
@@ -120,100 +100,24 @@ impl Default for Options {
     }
 }
 
+/// The shortest `--duration`, seconds.
+pub const MIN_DURATION_S: f64 = 0.2;
+/// The longest `--duration`, seconds.
+pub const MAX_DURATION_S: f64 = 600.0;
+/// The lowest `--frequency`, Hz.
+pub const MIN_FREQUENCY: u64 = 1;
+/// The highest `--frequency`, Hz.
+pub const MAX_FREQUENCY: u64 = 20_000;
 /// The most workload domains (the profiler is one more).
-const MAX_GUESTS: usize = 7;
+pub const MAX_GUESTS: usize = 7;
 /// The most vCPUs per workload domain (the guests' per-vCPU state and the VMM's TSSes).
-const MAX_VCPUS: u32 = 8;
+pub const MAX_VCPUS: u32 = 8;
 /// The most pCPUs (host threads); the profiling domain has one vCPU per pCPU.
-const MAX_PCPUS: u32 = 8;
+pub const MAX_PCPUS: u32 = 8;
 
 impl Options {
-    /// Parses the arguments after `profile`.
-    pub fn parse(args: &[String]) -> Result<Self, String> {
-        let mut o = Self::default();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            let mut value = |name: &str| {
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| format!("{name} needs a value"))
-            };
-            match a.as_str() {
-                "--duration" => {
-                    let v = value(a)?;
-                    let s: f64 = v
-                        .parse()
-                        .map_err(|_| format!("--duration {v}: not a number of seconds"))?;
-                    if !(0.2..=600.0).contains(&s) {
-                        return Err(format!("--duration {v}: must be 0.2 to 600 seconds"));
-                    }
-                    o.duration = Duration::from_secs_f64(s);
-                }
-                "--frequency" => {
-                    let v = value(a)?;
-                    o.frequency = v
-                        .parse()
-                        .ok()
-                        .filter(|f| (1..=20_000).contains(f))
-                        .ok_or_else(|| format!("--frequency {v}: must be 1 to 20000 Hz"))?;
-                }
-                "--mode" => {
-                    let v = value(a)?;
-                    o.mode = match v.as_str() {
-                        "all" => Mode::All,
-                        "hv" => Mode::Hv,
-                        "self" => Mode::SelfOnly,
-                        _ => return Err(format!("--mode {v}: must be all, hv or self")),
-                    };
-                }
-                "--vendor" => {
-                    let v = value(a)?;
-                    o.vendor = match v.as_str() {
-                        "intel" => Vendor::Intel,
-                        "amd" => Vendor::Amd,
-                        _ => return Err(format!("--vendor {v}: must be intel or amd")),
-                    };
-                }
-                "--guest" => o.guests.push(PathBuf::from(value(a)?)),
-                "--pcpus" => {
-                    let v = value(a)?;
-                    o.pcpus = v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=MAX_PCPUS).contains(n))
-                        .ok_or_else(|| format!("--pcpus {v}: must be 1 to {MAX_PCPUS}"))?;
-                }
-                "--vcpus" => {
-                    let v = value(a)?;
-                    o.vcpus = v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=MAX_VCPUS).contains(n))
-                        .ok_or_else(|| format!("--vcpus {v}: must be 1 to {MAX_VCPUS}"))?;
-                }
-                "--out" => o.out = PathBuf::from(value(a)?),
-                "--top" => {
-                    let v = value(a)?;
-                    o.top = v
-                        .parse()
-                        .ok()
-                        .filter(|&n| n > 0)
-                        .ok_or_else(|| format!("--top {v}: must be a positive number"))?;
-                }
-                "--no-compare" => o.compare = false,
-                "--sweep" => o.sweep = true,
-                "--quiet" => o.progress = false,
-                other => return Err(format!("unknown option {other}")),
-            }
-        }
-        if o.guests.len() > MAX_GUESTS {
-            return Err(format!("at most {MAX_GUESTS} --guest images"));
-        }
-        Ok(o)
-    }
-
     /// The workload domains: the built-in ones, or the user's images.
-    fn workloads(&self) -> Result<Vec<DomainPlan>, String> {
+    fn workloads(&self) -> Result<Vec<DomainPlan>, ProfileError> {
         if self.guests.is_empty() {
             return Ok(BUILT_IN
                 .iter()
@@ -228,10 +132,15 @@ impl Options {
             .iter()
             .map(|path| {
                 let image =
-                    std::fs::read(path).map_err(|e| format!("--guest {}: {e}", path.display()))?;
+                    std::fs::read(path).map_err(|source| ProfileError::GuestUnreadable {
+                        path: path.clone(),
+                        source,
+                    })?;
                 // Refuse what cannot be symbolized before booting anything.
-                Symbols::from_elf(&image)
-                    .map_err(|e| format!("--guest {}: {e}", path.display()))?;
+                Symbols::from_elf(&image).map_err(|source| ProfileError::GuestSymbols {
+                    path: path.clone(),
+                    source,
+                })?;
                 let name = path.file_name().map_or_else(
                     || path.display().to_string(),
                     |n| n.to_string_lossy().into(),
@@ -419,8 +328,8 @@ struct Comparison<'a> {
 }
 
 /// Runs `vpmu profile` and prints the report; Ok(true) if every check passed.
-pub fn profile(kvm: &Kvm, options: &Options) -> Result<bool, String> {
-    let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(|e| format!("KVM CPUID: {e}"))?;
+pub fn profile(kvm: &Kvm, options: &Options) -> Result<bool, ProfileError> {
+    let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(ProfileError::Cpuid)?;
     match options.vendor {
         Vendor::Intel => profile_with(kvm, &cpuid, Intel::v5(Source::Timed), options),
         Vendor::Amd => profile_with(
@@ -440,10 +349,12 @@ fn profile_with<P: Personality + Copy + Sync>(
     cpuid: &CpuId,
     p: P,
     options: &Options,
-) -> Result<bool, String> {
+) -> Result<bool, ProfileError> {
     let workloads = options.workloads()?;
-    std::fs::create_dir_all(&options.out)
-        .map_err(|e| format!("--out {}: {e}", options.out.display()))?;
+    std::fs::create_dir_all(&options.out).map_err(|source| ProfileError::OutDir {
+        path: options.out.clone(),
+        source,
+    })?;
     if options.sweep {
         return sweep::sweep(kvm, cpuid, p, options, &workloads);
     }
@@ -509,7 +420,7 @@ fn profile_with<P: Personality + Copy + Sync>(
     print!("{text}");
     let samples = options.out.join("samples.jsonl");
     std::fs::write(&samples, samples_jsonl(&data, &workloads))
-        .map_err(|e| format!("{}: {e}", samples.display()))?;
+        .map_err(ProfileError::write(&samples))?;
     write_outputs(&options.out, &report, &text, delivery, comparison.as_ref())?;
     Ok(report.checks.iter().all(|c| c.passed))
 }
@@ -520,12 +431,11 @@ fn write_outputs(
     text: &str,
     delivery: Delivery,
     comparison: Option<&(Report, Delivery)>,
-) -> Result<(), String> {
-    let io = |what: &Path, e: std::io::Error| format!("{}: {e}", what.display());
+) -> Result<(), ProfileError> {
     let txt = out.join("report.txt");
-    std::fs::write(&txt, text).map_err(|e| io(&txt, e))?;
+    std::fs::write(&txt, text).map_err(ProfileError::write(&txt))?;
     let svg = out.join("flamegraph.svg");
-    report.write_svg(&svg).map_err(|e| io(&svg, e))?;
+    report.write_svg(&svg).map_err(ProfileError::write(&svg))?;
     let json = out.join("profile.json");
     let doc = Document {
         report,
@@ -535,8 +445,8 @@ fn write_outputs(
             delivery: d.clone(),
         }),
     };
-    let body = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-    std::fs::write(&json, body).map_err(|e| io(&json, e))?;
+    let body = serde_json::to_string_pretty(&doc)?;
+    std::fs::write(&json, body).map_err(ProfileError::write(&json))?;
     println!(
         "wrote {}, {}, {} and samples.jsonl",
         txt.display(),
@@ -550,73 +460,41 @@ fn write_outputs(
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
-
     #[test]
-    fn defaults_need_no_arguments() {
-        let o = Options::parse(&[]).expect("defaults");
+    fn defaults_are_the_documented_ones_and_within_the_limits() {
+        let o = Options::default();
         assert_eq!(
-            (o.mode, o.vendor, o.frequency, o.top),
-            (Mode::All, Vendor::Intel, 2000, 10)
+            (o.mode, o.vendor, o.frequency, o.top, o.vcpus, o.pcpus),
+            (Mode::All, Vendor::Intel, 2000, 10, 2, 2)
         );
-        assert!(o.compare && !o.sweep && o.guests.is_empty());
-    }
-
-    #[test]
-    fn options_parse_and_bad_ones_are_named() {
-        let o = Options::parse(&args(
-            "--duration 1.5 --frequency 4000 --mode hv --vendor amd --out /tmp/x --top 3 --quiet \
-             --vcpus 3 --pcpus 1",
-        ))
-        .expect("valid");
-        assert_eq!((o.vcpus, o.pcpus), (3, 1));
-        assert_eq!(o.duration, Duration::from_millis(1500));
-        assert_eq!(
-            (o.mode, o.vendor, o.frequency, o.top),
-            (Mode::Hv, Vendor::Amd, 4000, 3)
-        );
-        assert!(!o.progress);
-        for (bad, says) in [
-            ("--mode both", "--mode both"),
-            ("--frequency 0", "1 to 20000"),
-            ("--frequency 50000", "1 to 20000"),
-            ("--duration x", "not a number"),
-            ("--duration 0.01", "0.2 to 600"),
-            ("--vendor via", "intel or amd"),
-            ("--top 0", "positive"),
-            ("--vcpus 0", "1 to 8"),
-            ("--pcpus 0", "1 to 8"),
-            ("--vcpus 9", "1 to 8"),
-            ("--bogus", "unknown option"),
-            ("--out", "needs a value"),
-        ] {
-            let e = Options::parse(&args(bad)).expect_err(bad);
-            assert!(e.contains(says), "{bad}: {e}");
-        }
+        assert_eq!(o.duration, Duration::from_secs(5));
+        assert_eq!(o.out, PathBuf::from("profile-out"));
+        assert!(o.compare && !o.sweep && o.progress && o.guests.is_empty());
+        assert!((MIN_DURATION_S..=MAX_DURATION_S).contains(&o.duration.as_secs_f64()));
+        assert!((MIN_FREQUENCY..=MAX_FREQUENCY).contains(&o.frequency));
+        assert!(o.vcpus <= MAX_VCPUS && o.pcpus <= MAX_PCPUS);
     }
 
     #[test]
     fn a_user_guest_must_be_a_readable_elf_with_symbols() {
-        let o = Options::parse(&args("--guest /nonexistent/guest.elf")).expect("parses");
-        assert!(
-            o.workloads()
-                .expect_err("unreadable")
-                .contains("/nonexistent/guest.elf")
-        );
-        let dir = std::env::temp_dir().join(format!("vpmu-guest-{}", std::process::id()));
-        std::fs::write(&dir, b"not an elf").expect("temp file");
-        let o =
-            Options::parse(&[String::from("--guest"), dir.display().to_string()]).expect("parses");
-        assert!(
-            o.workloads()
-                .expect_err("not an ELF")
-                .contains("not an ELF")
-        );
-        std::fs::remove_file(&dir).ok();
-        let o = Options::parse(&[]).expect("defaults");
-        let w = o.workloads().expect("built-in");
+        let o = Options {
+            guests: vec![PathBuf::from("/nonexistent/guest.elf")],
+            ..Options::default()
+        };
+        let e = o.workloads().expect_err("unreadable");
+        assert!(matches!(e, ProfileError::GuestUnreadable { .. }), "{e:?}");
+        assert!(e.to_string().contains("/nonexistent/guest.elf"), "{e}");
+        let path = std::env::temp_dir().join(format!("vpmu-guest-{}", std::process::id()));
+        std::fs::write(&path, b"not an elf").expect("temp file");
+        let o = Options {
+            guests: vec![path.clone()],
+            ..Options::default()
+        };
+        let e = o.workloads().expect_err("not an ELF");
+        assert!(matches!(e, ProfileError::GuestSymbols { .. }), "{e:?}");
+        assert!(e.to_string().contains("not an ELF"), "{e}");
+        std::fs::remove_file(&path).ok();
+        let w = Options::default().workloads().expect("built-in");
         assert_eq!(w.len(), 3);
         assert!(w.iter().all(|d| d.workload.is_some()));
     }

@@ -1,10 +1,13 @@
 //! The Rust side of `profile/profile.h`: the configuration the VMM writes into a profile guest
-//! and the sample batches the guests ship. Layouts are checked against the C header's
-//! `_Static_assert`s by size here; the guest only ever writes, the VMM decodes copies and
-//! refuses anything malformed (the guest could be a user's ELF).
+//! and the sample batches the guests ship. The constants (port, magics, capacity, roles, the
+//! layouts' sizes) are `vpmu-guest-protocol`'s, from which the guests' `guest_protocol.h` is
+//! generated; the C header asserts its structs against those sizes, and this module asserts
+//! its own. The guest only ever writes, the VMM decodes copies and refuses anything malformed
+//! (the guest could be a user's ELF).
 
 use vpmu::VcpuId;
 use vpmu::abi::{Regs, XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF, XENPMU_FLAG_SAMPLE_USER};
+use vpmu_guest_protocol::profile as wire;
 use vpmu_machine::{GuestPorts, PortAccess};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -12,17 +15,18 @@ use super::sample::{Origin, ProfileSample};
 
 /// `PORT_BATCH`: `outl` with the guest-physical address of a `struct sample_batch`; the
 /// profiler's `BatchPort` copies it out.
-pub const PORT_BATCH: u16 = 0x16;
+pub const PORT_BATCH: u16 = vpmu_guest_protocol::port::BATCH;
 /// `PROFILE_CONFIG_MAGIC` ("PROF").
-pub const CONFIG_MAGIC: u32 = 0x464f_5250;
+pub const CONFIG_MAGIC: u32 = wire::PROFILE_CONFIG_MAGIC;
 /// `SAMPLE_BATCH_MAGIC` ("BTCH").
-pub const BATCH_MAGIC: u32 = 0x4843_5442;
-/// `BATCH_CAPACITY`: samples per batch at most.
-pub const BATCH_CAPACITY: usize = 256;
+pub const BATCH_MAGIC: u32 = wire::SAMPLE_BATCH_MAGIC;
+/// `BATCH_CAPACITY`: samples per batch at most (the guest's `struct sample_batch` holds this
+/// many; a batch claiming more is refused).
+pub const BATCH_CAPACITY: usize = wire::BATCH_CAPACITY;
 /// `ROLE_PROFILER`.
-pub const ROLE_PROFILER: u32 = 1;
+pub const ROLE_PROFILER: u32 = wire::ROLE_PROFILER;
 /// `ROLE_WORKLOAD`.
-pub const ROLE_WORKLOAD: u32 = 2;
+pub const ROLE_WORKLOAD: u32 = wire::ROLE_WORKLOAD;
 /// The symbol of the configuration in a profile guest.
 pub const CONFIG_SYMBOL: &str = "profile_config";
 
@@ -85,9 +89,53 @@ pub const BATCH_HEADER: usize = size_of::<BatchHeader>();
 /// Bytes of one sample.
 pub const SAMPLE_SIZE: usize = size_of::<BatchSample>();
 
-static_assertions::const_assert_eq!(size_of::<ProfileConfig>(), 40);
-static_assertions::const_assert_eq!(BATCH_HEADER, 32);
-static_assertions::const_assert_eq!(SAMPLE_SIZE, 16 + 168);
+static_assertions::const_assert_eq!(size_of::<ProfileConfig>(), wire::PROFILE_CONFIG_SIZE);
+static_assertions::const_assert_eq!(BATCH_HEADER, wire::BATCH_HEADER_SIZE);
+static_assertions::const_assert_eq!(
+    SAMPLE_SIZE,
+    wire::BATCH_SAMPLE_IDENTITY_SIZE + size_of::<Regs>()
+);
+static_assertions::const_assert_eq!(size_of::<Regs>(), 168);
+
+/// What is wrong with a batch.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BatchProblem {
+    /// Fewer bytes than a header.
+    #[error("shorter than a header")]
+    Short,
+    /// Not `BATCH_MAGIC`.
+    #[error("magic {0:#x}")]
+    Magic(u32),
+    /// Not the next sequence number.
+    #[error("sequence {0} (a batch was lost)")]
+    Sequence(u64),
+    /// The count is above `BATCH_CAPACITY` or disagrees with the length.
+    #[error("{count} samples in {bytes} bytes")]
+    Length {
+        /// The header's count.
+        count: u32,
+        /// Bytes after the header.
+        bytes: usize,
+    },
+    /// The batch is not guest RAM (`BatchPort`).
+    #[error("outside guest memory")]
+    Outside,
+    /// The header claims more samples than a batch holds (`BatchPort`).
+    #[error("more samples than a batch holds ({0} > {BATCH_CAPACITY})")]
+    OverCapacity(usize),
+}
+
+/// A batch the VMM refused: who shipped it, which one, and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("domain {shipper}, batch {batch}: {problem}")]
+pub struct DecodeError {
+    /// The shipping domain.
+    pub shipper: u32,
+    /// The batch's index in its shipper's order.
+    pub batch: usize,
+    /// What is wrong.
+    pub problem: BatchProblem,
+}
 
 /// What a guest shipped over a run, decoded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -104,32 +152,35 @@ pub struct Shipment {
 
 /// Decodes the batches `shipper` (a domain) shipped, in order. Errors name the first bad
 /// batch: wrong magic, a sequence gap, or a length that disagrees with its count.
-pub fn decode(shipper: u32, batches: &[Vec<u8>]) -> Result<Shipment, String> {
+pub fn decode(shipper: u32, batches: &[Vec<u8>]) -> Result<Shipment, DecodeError> {
     let mut out = Shipment::default();
     for (i, bytes) in batches.iter().enumerate() {
-        let bad = |what: String| format!("domain {shipper}, batch {i}: {what}");
-        let (header, rest) = BatchHeader::read_from_prefix(bytes)
-            .map_err(|_| bad("shorter than a header".into()))?;
+        let bad = |problem| DecodeError {
+            shipper,
+            batch: i,
+            problem,
+        };
+        let (header, rest) =
+            BatchHeader::read_from_prefix(bytes).map_err(|_| bad(BatchProblem::Short))?;
         if header.magic != BATCH_MAGIC {
-            return Err(bad(format!("magic {:#x}", header.magic)));
+            return Err(bad(BatchProblem::Magic(header.magic)));
         }
         if header.sequence != i as u64 {
-            return Err(bad(format!(
-                "sequence {} (a batch was lost)",
-                header.sequence
-            )));
+            return Err(bad(BatchProblem::Sequence(header.sequence)));
         }
         if header.count as usize > BATCH_CAPACITY
             || rest.len() != header.count as usize * SAMPLE_SIZE
         {
-            return Err(bad(format!(
-                "{} samples in {} bytes",
-                header.count,
-                rest.len()
-            )));
+            return Err(bad(BatchProblem::Length {
+                count: header.count,
+                bytes: rest.len(),
+            }));
         }
         for chunk in rest.chunks_exact(SAMPLE_SIZE) {
-            let s = BatchSample::read_from_bytes(chunk).map_err(|_| bad("sample size".into()))?;
+            // Exactly SAMPLE_SIZE bytes, any bit pattern: cannot fail.
+            let Ok(s) = BatchSample::read_from_bytes(chunk) else {
+                continue;
+            };
             out.samples.push(resolve(shipper, &s));
         }
         out.dropped = header.dropped;
@@ -212,20 +263,25 @@ mod tests {
     #[test]
     fn refuses_gaps_bad_magic_and_bad_lengths() {
         let b = batch(0, &[sample(1, 1, 0)]);
-        assert!(
-            decode(1, &[batch(1, &[])])
-                .unwrap_err()
-                .contains("sequence")
+        let e = decode(1, &[batch(1, &[])]).unwrap_err();
+        assert_eq!(e.problem, BatchProblem::Sequence(1));
+        assert_eq!(
+            e.to_string(),
+            "domain 1, batch 0: sequence 1 (a batch was lost)"
         );
         let mut m = b.clone();
         m[0] ^= 1;
-        assert!(decode(1, &[m]).unwrap_err().contains("magic"));
+        assert!(decode(1, &[m]).unwrap_err().to_string().contains("magic"));
         assert!(
             decode(1, &[b[..b.len() - 1].to_vec()])
                 .unwrap_err()
+                .to_string()
                 .contains("samples in")
         );
-        assert!(decode(1, &[b[..10].to_vec()]).is_err());
+        assert_eq!(
+            decode(1, &[b[..10].to_vec()]).unwrap_err().problem,
+            BatchProblem::Short
+        );
     }
 
     proptest::proptest! {
@@ -286,20 +342,21 @@ impl GuestPorts for BatchPort {
             return Ok(());
         }
         let gpa = u64::from(gpa);
-        let bad = |what: &str| format!("sample batch at {gpa:#x}: {what}");
-        let header = access
+        let bad = |problem: BatchProblem| format!("sample batch at {gpa:#x}: {problem}");
+        // One copy of the whole `struct sample_batch` (the guest's struct always has room for
+        // `BATCH_CAPACITY` samples): the count is read from the copy, so the guest cannot
+        // change it between a check and the copy it guards.
+        let mut bytes = access
             .memory
-            .slice_mut(gpa, BATCH_HEADER)
-            .ok_or_else(|| bad("outside guest memory"))?;
-        let count = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
+            .to_vec(gpa, BATCH_HEADER + BATCH_CAPACITY * SAMPLE_SIZE)
+            .ok_or_else(|| bad(BatchProblem::Outside))?;
+        let (header, _) =
+            BatchHeader::read_from_prefix(&bytes).map_err(|_| bad(BatchProblem::Outside))?;
+        let count = header.count as usize;
         if count > BATCH_CAPACITY {
-            return Err(bad("more samples than a batch holds"));
+            return Err(bad(BatchProblem::OverCapacity(count)));
         }
-        let bytes = access
-            .memory
-            .slice_mut(gpa, BATCH_HEADER + count * SAMPLE_SIZE)
-            .ok_or_else(|| bad("outside guest memory"))?
-            .to_vec();
+        bytes.truncate(BATCH_HEADER + count * SAMPLE_SIZE);
         self.batches
             .lock()
             .unwrap_or_else(|e| e.into_inner())

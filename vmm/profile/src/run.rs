@@ -16,6 +16,7 @@ use super::protocol::{
     decode,
 };
 use super::workloads::Workload;
+use crate::ProfileError;
 use vpmu::VcpuId;
 use vpmu_machine::symbols::Symbols;
 
@@ -171,21 +172,27 @@ fn configure<P: Personality>(
     domain: u32,
     image: &[u8],
     config: &ProfileConfig,
-) -> Result<bool, String> {
-    let Some((gpa, size)) = Symbols::address_of(image, CONFIG_SYMBOL)? else {
+) -> Result<bool, ProfileError> {
+    let symbols = |source| ProfileError::Symbols { domain, source };
+    let Some((gpa, size)) = Symbols::address_of(image, CONFIG_SYMBOL).map_err(symbols)? else {
         return Ok(false);
     };
     if size != 0 && size as usize != size_of::<ProfileConfig>() {
-        return Err(format!(
-            "domain {domain}: `{CONFIG_SYMBOL}` is {size} bytes, the protocol's is {}",
-            size_of::<ProfileConfig>()
-        ));
+        return Err(ProfileError::ConfigSize {
+            domain,
+            size,
+            want: size_of::<ProfileConfig>(),
+        });
     }
-    let mem = machine.memory(domain).ok_or("no such domain")?;
-    let dst = mem
-        .slice_mut(gpa, size_of::<ProfileConfig>())
-        .ok_or_else(|| format!("domain {domain}: `{CONFIG_SYMBOL}` at {gpa:#x} is not in RAM"))?;
-    dst.copy_from_slice(config.as_bytes());
+    let mem = machine
+        .memory(domain)
+        .ok_or(ProfileError::NoSuchDomain(domain))?;
+    mem.write(gpa, config.as_bytes())
+        .map_err(|_| ProfileError::SymbolOutsideRam {
+            domain,
+            symbol: CONFIG_SYMBOL,
+            gpa,
+        })?;
     Ok(true)
 }
 
@@ -195,7 +202,7 @@ pub fn run<P: Personality + Copy + Sync>(
     cpuid: &CpuId,
     p: P,
     plan: &Plan,
-) -> Result<RunData, String> {
+) -> Result<RunData, ProfileError> {
     let profiler: &[u8] = vpmu_guests::PROFILER;
     let images: Vec<&[u8]> = std::iter::once(profiler)
         .chain(plan.workloads.iter().map(|w| w.image.as_slice()))
@@ -213,8 +220,8 @@ pub fn run<P: Personality + Copy + Sync>(
             vcpus: plan.vcpus,
         },
     )
-    .map_err(|e| format!("VM setup failed: {e}"))?;
-    let tsc_khz = u64::from(machine.tsc_khz().ok_or("KVM reports no TSC frequency")?);
+    .map_err(ProfileError::Setup)?;
+    let tsc_khz = u64::from(machine.tsc_khz().ok_or(ProfileError::NoTscFrequency)?);
     let (period, jitter) = period_for(plan.frequency, tsc_khz);
     let duration = (plan.duration.as_micros() as u64).saturating_mul(tsc_khz) / 1000;
     let config = |role, workload| ProfileConfig {
@@ -232,7 +239,7 @@ pub fn run<P: Personality + Copy + Sync>(
         profiler,
         &config(ROLE_PROFILER, 0),
     )? {
-        return Err("the profiler image has no profile_config".into());
+        return Err(ProfileError::NoProfilerConfig);
     }
     // The run ends with the profiler and, when they sample themselves, the workloads that
     // take part in the protocol; the rest are stopped then.
@@ -244,10 +251,16 @@ pub fn run<P: Personality + Copy + Sync>(
         if takes_part && plan.mode.workloads_sample() && plan.frequency != 0 {
             finish_with.push(domain);
         }
-        if let Some((gpa, _)) = Symbols::address_of(&w.image, WORK_STATS_SYMBOL)? {
+        let work_stats = Symbols::address_of(&w.image, WORK_STATS_SYMBOL)
+            .map_err(|source| ProfileError::Symbols { domain, source })?;
+        if let Some((gpa, _)) = work_stats {
             machine
                 .peek_after_run(domain, gpa, 16 * plan.vcpus as usize)
-                .ok_or_else(|| format!("domain {domain}: `{WORK_STATS_SYMBOL}` is not in RAM"))?;
+                .ok_or(ProfileError::SymbolOutsideRam {
+                    domain,
+                    symbol: WORK_STATS_SYMBOL,
+                    gpa,
+                })?;
         }
     }
     machine.finish_with(finish_with);
@@ -269,20 +282,21 @@ pub fn run<P: Personality + Copy + Sync>(
     let mut batches = port.take();
     let mut work = vec![Vec::new(); domains as usize];
     for r in &results {
-        let id = r.vcpu.ok_or("a vCPU result without its vCPU")?;
+        let id = r.vcpu.ok_or(ProfileError::AnonymousResult)?;
         let who = format!("domain {} vCPU {}", id.domain, id.vcpu);
         if let Some(e) = &r.error {
-            return Err(format!(
-                "{who} failed: {e}\n{}",
-                vpmu_machine::indent(&r.console, "  | ")
-            ));
+            return Err(ProfileError::VcpuFailed {
+                who,
+                error: e.to_string(),
+                console: vpmu_machine::indent(&r.console, "  | "),
+            });
         }
         if !r.stopped && r.status != Some(0) {
-            return Err(format!(
-                "{who} exited with status {:?}\n{}",
-                r.status,
-                vpmu_machine::indent(&r.console, "  | ")
-            ));
+            return Err(ProfileError::VcpuStatus {
+                who,
+                status: r.status,
+                console: vpmu_machine::indent(&r.console, "  | "),
+            });
         }
         if let Some(shipped) = batches.remove(&id) {
             shipments.push((id, decode(id.domain, &shipped)?));

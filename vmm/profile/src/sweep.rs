@@ -2,6 +2,7 @@
 //! and 10 kHz, in all mode (the profiler samples everything) and self mode (each domain
 //! itself), against a baseline run without sampling, all in one invocation.
 
+use crate::ProfileError;
 use std::fmt::Write as _;
 
 use kvm_bindings::CpuId;
@@ -81,7 +82,7 @@ pub fn sweep<P: Personality + Copy + Sync>(
     p: P,
     options: &Options,
     workloads: &[DomainPlan],
-) -> Result<bool, String> {
+) -> Result<bool, ProfileError> {
     let plan = |mode, frequency| Plan {
         mode,
         frequency,
@@ -96,7 +97,7 @@ pub fn sweep<P: Personality + Copy + Sync>(
         .flat_map(|m| FREQUENCIES.map(|f| (m, f)))
         .collect();
     let mut baselines = Vec::new();
-    let baseline = |round: usize| -> Result<Delivery, String> {
+    let baseline = |round: usize| -> Result<Delivery, ProfileError> {
         eprintln!(
             "vpmu profile --sweep: round {}/{ROUNDS}: baseline (no sampling)",
             round + 1
@@ -199,11 +200,10 @@ pub fn sweep<P: Personality + Copy + Sync>(
         "rounds": ROUNDS,
         "baselines": baselines,
         "rows": rows,
-    }))
-    .map_err(|e| e.to_string())?;
-    std::fs::write(&path, body).map_err(|e| format!("{}: {e}", path.display()))?;
+    }))?;
+    std::fs::write(&path, body).map_err(ProfileError::write(&path))?;
     let txt = options.out.join("sweep.txt");
-    std::fs::write(&txt, &out).map_err(|e| format!("{}: {e}", txt.display()))?;
+    std::fs::write(&txt, &out).map_err(ProfileError::write(&txt))?;
     println!("wrote {} and {}", path.display(), txt.display());
     Ok(rows.iter().all(|r| r.attribution))
 }

@@ -42,18 +42,17 @@ fn parse(console: &str) -> Vec<Sample> {
         .collect()
 }
 
-/// Checks `results` (by domain; domain 0 is the profiler) and returns the report lines
-/// (`PASS`/`FAIL` + a summary) and the number of failures.
-pub fn check_all_mode(results: &[RunResult]) -> (String, u32) {
-    let mut out = String::new();
-    let mut failed = 0;
-    let mut check = |out: &mut String, name: &str, ok: bool| {
-        let _ = writeln!(out, "{} VMM: {name}", if ok { "PASS" } else { "FAIL" });
-        failed += u32::from(!ok);
+/// Checks `results` (by domain; domain 0 is the profiler) and returns a summary (lines for
+/// people) and each check: its name and whether it passed.
+pub fn check_all_mode(results: &[RunResult]) -> (String, Vec<(String, bool)>) {
+    let mut summary = String::new();
+    let mut out = Vec::new();
+    let check = |out: &mut Vec<(String, bool)>, name: &str, ok: bool| {
+        out.push((name.to_string(), ok));
     };
     let Some(profiler) = results.first() else {
         check(&mut out, "a profiler result", false);
-        return (out, failed);
+        return (summary, out);
     };
     let me = VcpuId {
         domain: PRIVILEGED_DOMAIN,
@@ -82,7 +81,7 @@ pub fn check_all_mode(results: &[RunResult]) -> (String, u32) {
         }
     }
     let _ = writeln!(
-        out,
+        summary,
         "VMM: PMIs handled {}, published to the profiler {} (by running domain {:?}), \
          samples the profiler read {}, attributed as recorded {}",
         profiler.pmi_log.len(),
@@ -104,7 +103,7 @@ pub fn check_all_mode(results: &[RunResult]) -> (String, u32) {
     match profiler.stats {
         Some(s) => {
             let _ = writeln!(
-                out,
+                summary,
                 "VMM: profiler vCPU stats: generated {}, delivered {}, dropped {}, in flight {}",
                 s.pmis_generated, s.pmis_delivered, s.pmis_dropped, s.pmis_in_flight
             );
@@ -132,7 +131,7 @@ pub fn check_all_mode(results: &[RunResult]) -> (String, u32) {
         "no PMI routed to an unprivileged domain",
         guest_pmis == 0,
     );
-    (out, failed)
+    (summary, out)
 }
 
 #[cfg(test)]

@@ -2,17 +2,53 @@
 //! `selftest/pmu.c` (crate `vpmu-guests`) in a fresh VM per case, for each chosen vendor
 //! personality, and makes a result table. `bench` (`vpmu bench`) measures the cost of an MSR
 //! exit handled by the vpmu against a null handler, in the same run.
+//!
+//! Results travel through a structured channel (`records`): each check of a guest is a
+//! fixed-layout record it points the VMM at through `port::RESULT`; the suite counts those,
+//! not the console's text. Case numbers and the record's layout come from
+//! `vpmu-guest-protocol`, which also generates the guests' C header.
 #![deny(missing_docs)]
 
 mod attribution;
+pub mod records;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvm_bindings::CpuId;
 use kvm_ioctls::Kvm;
 use vpmu_amd::PmuShape;
+use vpmu_guest_protocol::selftest::{ALL_BASE, DOMAIN_BASE, NO_CASE_STATUS, SMP_BASE, TIMED_BASE};
 use vpmu_machine::personality::{Amd, Intel, Personality, Source};
-use vpmu_machine::{Layout, Machine, RunResult, indent};
+use vpmu_machine::{Layout, Machine, MachineError, RunResult, indent};
+
+use records::{ResultPort, tally};
+
+/// Why the suite or the benchmark could not run (a failed check is a result, not an error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SelftestError {
+    /// KVM's supported CPUID could not be read.
+    #[error("KVM CPUID: {0}")]
+    Cpuid(#[source] MachineError),
+    /// A case's or the benchmark's VM could not be made.
+    #[error("{personality}: VM setup failed: {source}")]
+    Setup {
+        /// The personality it was made for.
+        personality: String,
+        /// The machine's error.
+        #[source]
+        source: MachineError,
+    },
+    /// A benchmark run broke (the vCPU's error).
+    #[error("{personality}: the benchmark run failed: {message}")]
+    BenchRun {
+        /// The personality it ran under.
+        personality: String,
+        /// The run's error.
+        message: String,
+    },
+}
 
 /// Which personalities to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +80,8 @@ pub struct CaseResult {
     pub elapsed: Duration,
     /// Not run (why is in `failures`); neither passed nor failed.
     pub skipped: bool,
+    /// Checks that did not apply to the personality (`RESULT_SKIP` records).
+    pub skipped_checks: u32,
 }
 
 const CASE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -54,7 +92,7 @@ fn run_cases<P: Personality + Copy + Sync>(
     p: P,
     verbose: bool,
     out: &mut Vec<CaseResult>,
-) -> Result<(), String> {
+) -> Result<(), SelftestError> {
     // Precise: cases 0.. on one vCPU, cases SMP_BASE.. on SMP_VCPUS vCPUs (threads, one pCPU
     // each), cases DOMAIN_BASE.. on DOMAINS one-vCPU domains sharing one pCPU (one thread).
     // Timed: cases TIMED_BASE.. on one vCPU, cases ALL_BASE.. on ALL_DOMAINS one-vCPU domains
@@ -87,48 +125,61 @@ fn run_cases<P: Personality + Copy + Sync>(
                 steps: 0,
                 elapsed: Duration::ZERO,
                 skipped: true,
+                skipped_checks: 0,
             });
             continue;
         }
         for index in base.. {
-            let machine = Machine::with_layout(kvm, p, cpuid, image, index, layout)
-                .map_err(|e| format!("{}: VM setup failed: {e}", p.name()))?;
+            let mut machine =
+                Machine::with_layout(kvm, p, cpuid, image, index, layout).map_err(|source| {
+                    SelftestError::Setup {
+                        personality: p.name(),
+                        source,
+                    }
+                })?;
+            let port = Arc::new(ResultPort::default());
+            machine.extend(port.clone());
             let results = machine.run(CASE_TIMEOUT);
+            let records = port.take();
             let label = match layout {
                 Layout::ThreadPerVcpu(_) => "vcpu",
                 Layout::SharedPcpu(_) | Layout::SharedPcpus { .. } => "dom",
             };
             let mut result = merge(&results, label);
-            if result.console.starts_with("NOCASE") {
+            // No such case: the guest's status says so and it reported nothing.
+            if results.first().and_then(|r| r.status) == Some(NO_CASE_STATUS) && records.is_empty()
+            {
                 break;
             }
+            let mut case = summarize(&p.name(), &result, tally(index, &records));
             if base == ALL_BASE {
                 // The VMM's side of the all-mode case: attribution and conservation.
-                let (lines, failed) = attribution::check_all_mode(&results);
-                result.console += &lines;
-                result.status = result.status.map(|s| s.saturating_add(failed));
+                let (summary, checks) = attribution::check_all_mode(&results);
+                result.console += &summary;
+                for (name, ok) in checks {
+                    let line = format!("{} VMM: {name}", if ok { "PASS" } else { "FAIL" });
+                    result.console += &format!("{line}\n");
+                    if ok {
+                        case.passed += 1;
+                    } else {
+                        case.failed += 1;
+                        case.failures.push(line);
+                    }
+                }
             }
             if verbose {
                 print!("{}", indent(&result.console, "  | "));
             }
-            out.push(summarize(&p.name(), &result));
+            out.push(case);
         }
     }
     Ok(())
 }
 
-/// First SMP case number (`selftest/pmu.c`).
-const SMP_BASE: u64 = 100;
-/// First timed-source case number (`selftest/pmu.c`).
-const TIMED_BASE: u64 = 200;
-/// vCPUs of an SMP case.
+/// vCPUs of an SMP case (cases `SMP_BASE..`).
 const SMP_VCPUS: u32 = 2;
-/// First multi-domain case number (`selftest/multi.c`).
-const DOMAIN_BASE: u64 = 300;
-/// Domains of a multi-domain case.
+/// Domains of a multi-domain case (cases `DOMAIN_BASE..`).
 const DOMAINS: u32 = 2;
-/// First all-mode case number (`selftest/all.c`, timed source).
-const ALL_BASE: u64 = 400;
 /// Domains of an all-mode case: the profiler and two guests.
 const ALL_DOMAINS: u32 = 3;
 
@@ -151,39 +202,32 @@ fn merge(results: &[RunResult], label: &str) -> RunResult {
     merged
 }
 
-fn summarize(personality: &str, r: &RunResult) -> CaseResult {
+/// A case's result from its records' tally and the run: a run error, or an exit status that
+/// is not the number of failed checks the guest reported, is one more failure; so is a case
+/// that reported no check at all.
+fn summarize(personality: &str, r: &RunResult, t: records::Tally) -> CaseResult {
+    let guest_failed = t.failed - t.violations;
     let mut case = CaseResult {
         personality: personality.to_string(),
-        case: String::from("?"),
-        passed: 0,
-        failed: 0,
-        failures: Vec::new(),
+        case: t.case.unwrap_or_else(|| String::from("?")),
+        passed: t.passed,
+        failed: t.failed,
+        failures: t.failures,
         steps: r.steps,
         elapsed: r.elapsed,
         skipped: false,
+        skipped_checks: t.skipped,
     };
-    for line in r.console.lines() {
-        // Lines of vCPUs other than the first carry a `[vcpuN] ` or `[domN] ` prefix.
-        let line = match line.strip_prefix('[') {
-            Some(rest) => rest.split_once("] ").map_or(line, |(_, l)| l),
-            None => line,
-        };
-        if let Some(name) = line.strip_prefix("CASE ") {
-            case.case = name.to_string();
-        } else if line.starts_with("PASS ") {
-            case.passed += 1;
-        } else if line.starts_with("FAIL ") || line.starts_with("unexpected") {
-            case.failed += 1;
-            case.failures.push(line.to_string());
-        }
-    }
     if let Some(e) = &r.error {
         case.failed += 1;
         case.failures.push(format!("run error: {e}"));
-    } else if r.status != Some(case.failed) {
+    } else if r.status != Some(guest_failed) {
         case.failed += 1;
-        case.failures.push(format!("exit status {:?}", r.status));
-    } else if case.passed == 0 && case.failed == 0 {
+        case.failures.push(format!(
+            "exit status {:?} (the records report {guest_failed} failed checks)",
+            r.status
+        ));
+    } else if case.passed == 0 && case.failed == 0 && case.skipped_checks == 0 {
         case.failed += 1;
         case.failures.push("no checks ran".into());
     }
@@ -191,8 +235,12 @@ fn summarize(personality: &str, r: &RunResult) -> CaseResult {
 }
 
 /// Runs the suite; returns the results (an `Err` only if no VM could be made at all).
-pub fn selftest(kvm: &Kvm, vendor: VendorChoice, verbose: bool) -> Result<Vec<CaseResult>, String> {
-    let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(|e| e.to_string())?;
+pub fn selftest(
+    kvm: &Kvm,
+    vendor: VendorChoice,
+    verbose: bool,
+) -> Result<Vec<CaseResult>, SelftestError> {
+    let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(SelftestError::Cpuid)?;
     let mut out = Vec::new();
     for source in [Source::Precise, Source::Timed] {
         if vendor != VendorChoice::Amd {
@@ -208,19 +256,21 @@ pub fn selftest(kvm: &Kvm, vendor: VendorChoice, verbose: bool) -> Result<Vec<Ca
     Ok(out)
 }
 
-/// The result table.
+/// The result table: per case, its checks passed, failed and skipped (did not apply to the
+/// personality), single steps and time.
 pub fn table(results: &[CaseResult]) -> String {
     let mut s = format!(
-        "{:<30} {:<32} {:>6} {:>6} {:>8} {:>8}  result\n",
-        "personality", "case", "pass", "fail", "steps", "ms"
+        "{:<30} {:<32} {:>6} {:>6} {:>6} {:>8} {:>8}  result\n",
+        "personality", "case", "pass", "fail", "skip", "steps", "ms"
     );
     for r in results {
         s += &format!(
-            "{:<30} {:<32} {:>6} {:>6} {:>8} {:>8}  {}\n",
+            "{:<30} {:<32} {:>6} {:>6} {:>6} {:>8} {:>8}  {}\n",
             r.personality,
             r.case,
             r.passed,
             r.failed,
+            r.skipped_checks,
             r.steps,
             r.elapsed.as_millis(),
             if r.skipped {
@@ -250,8 +300,8 @@ pub fn table(results: &[CaseResult]) -> String {
 }
 
 /// `vpmu bench`: MSR exit cost, vpmu vs null handler, for each personality.
-pub fn bench(kvm: &Kvm, vendor: VendorChoice) -> Result<String, String> {
-    let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(|e| e.to_string())?;
+pub fn bench(kvm: &Kvm, vendor: VendorChoice) -> Result<String, SelftestError> {
+    let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(SelftestError::Cpuid)?;
     let mut s = String::new();
     if vendor != VendorChoice::Amd {
         s += &bench_one(kvm, &cpuid, Intel::v5(Source::Precise))?;
@@ -273,13 +323,20 @@ fn bench_one<P: Personality + Copy + Sync>(
     kvm: &Kvm,
     cpuid: &CpuId,
     p: P,
-) -> Result<String, String> {
-    let machine =
-        Machine::new(kvm, p, cpuid, vpmu_guests::BENCH, 0, 1).map_err(|e| e.to_string())?;
+) -> Result<String, SelftestError> {
+    let setup = |source| SelftestError::Setup {
+        personality: p.name(),
+        source,
+    };
+    let broke = |message| SelftestError::BenchRun {
+        personality: p.name(),
+        message,
+    };
+    let machine = Machine::new(kvm, p, cpuid, vpmu_guests::BENCH, 0, 1).map_err(setup)?;
     let tsc_mhz = machine.tsc_khz().map_or(1.0, |k| f64::from(k) / 1000.0);
     let r = merge(&machine.run(Duration::from_secs(120)), "vcpu");
     if let Some(e) = r.error {
-        return Err(e);
+        return Err(broke(e));
     }
     let (tv, tn, tl) = bench_medians(&r.console);
     let [(nv, sv), (nn, sn)] = r.msr_exit_ns;
@@ -310,10 +367,10 @@ fn bench_one<P: Personality + Copy + Sync>(
     );
     // The same loop on two vCPU threads (two pCPUs) at once: intercept throughput scales with
     // the pCPUs unless something serializes them (the single lock this VMM had).
-    let pair = Machine::new(kvm, p, cpuid, vpmu_guests::BENCH, 0, 2).map_err(|e| e.to_string())?;
+    let pair = Machine::new(kvm, p, cpuid, vpmu_guests::BENCH, 0, 2).map_err(setup)?;
     let r2 = merge(&pair.run(Duration::from_secs(120)), "vcpu");
     if let Some(e) = r2.error {
-        return Err(e);
+        return Err(broke(e));
     }
     let (tv2, _, _) = bench_medians(&r2.console);
     line += &format!(
