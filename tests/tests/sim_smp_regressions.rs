@@ -9,18 +9,28 @@
 //!   load; leaving hv mode removes a privileged host-only qualifier from the hardware;
 //!   clearing the BTS feature unloads DS_AREA, and a sample cached across that change still
 //!   flushes unedited;
-//! * one guest frame cannot be the shared page of two vCPUs (`-EADDRINUSE`).
+//! * one guest frame cannot be the shared page of two vCPUs (`-EADDRINUSE`);
+//! * a system-wide sample taken by a pCPU that has not caught up with the end of all mode yet
+//!   never reaches a profiler already brought in line with the new mode (it would mark the
+//!   profiler's own context cached while that context is loaded on another pCPU, orphaning
+//!   it on the hardware).
+
+use std::cell::RefCell;
 
 use vpmu::abi::ops::{OpError, Params};
 use vpmu::abi::{
-    XENPMU_FEATURE_INTEL_BTS, XENPMU_MODE_HV, XENPMU_MODE_SELF, XENPMU_OP_FEATURE_SET,
-    XENPMU_OP_FLUSH, XENPMU_OP_INIT, XENPMU_OP_MODE_SET,
+    PageView, XENPMU_FEATURE_INTEL_BTS, XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_SELF,
+    XENPMU_OP_FEATURE_SET, XENPMU_OP_FLUSH, XENPMU_OP_INIT, XENPMU_OP_MODE_SET,
 };
-use vpmu::{Completion, HwEvent, PmiOutcome, SoftwarePmu, VcpuId};
+use vpmu::{
+    Completion, CrossCpuRequest, HwEvent, PmiOutcome, SoftwarePmu, VcpuId, VcpuPmu, VcpuState,
+    VcpuTable,
+};
 use vpmu_intel::SyntheticCpuid;
 use vpmu_tests::sim::helpers::{counting, sampling};
 use vpmu_tests::sim::{
-    IntelSetup, Machine, SimFilter, SimVendor, amd_legacy, amd_v2, guest_frame, intel_v2, intel_v5,
+    IntelSetup, Machine, SimFilter, SimPlatform, SimVcpus, SimVendor, amd_legacy, amd_v2,
+    guest_frame, intel_v2, intel_v5,
 };
 
 const P: VcpuId = VcpuId { domain: 0, vcpu: 0 };
@@ -305,4 +315,118 @@ fn one_frame_is_the_page_of_one_vcpu_at_most() {
             .is_ok(),
         "another frame is fine"
     );
+}
+
+/// What another pCPU does in between.
+type Meanwhile<'a, C> = Box<dyn FnOnce(&SimVcpus<C>) + 'a>;
+
+/// The vCPU table one pCPU's core call sees while another pCPU acts in between its steps (as
+/// threads do): `before` runs once, just before `victim` is first visited.
+struct Interleaved<'a, C> {
+    inner: &'a SimVcpus<C>,
+    victim: VcpuId,
+    before: RefCell<Option<Meanwhile<'a, C>>>,
+}
+
+impl<C> VcpuTable<C> for Interleaved<'_, C> {
+    fn with_vcpu(&self, id: VcpuId, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) -> bool {
+        if id == self.victim {
+            let before = self.before.borrow_mut().take();
+            if let Some(before) = before {
+                before(self.inner);
+            }
+        }
+        self.inner.with_vcpu(id, visit)
+    }
+
+    fn for_each_in_domain(&self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
+        self.inner.for_each_in_domain(domain, visit);
+    }
+}
+
+fn stale_system_sample<V: SimVendor>(vendor: V) {
+    let name = vendor.name();
+    let mut m = Machine::new(vendor, 2, &[1, 1], XENPMU_MODE_SELF);
+    let gfn = m.register_page(P);
+    m.schedule(0, Some(P));
+    m.schedule(1, Some(A));
+    // P's own counter, programmed in self mode, stays with its context through all mode.
+    m.program(P, &[counting(1, 0)]);
+    assert!(
+        m.op(P, XENPMU_OP_MODE_SET, &Params::new(XENPMU_MODE_ALL, 0))
+            .is_ok()
+    );
+    // P profiles both pCPUs: the program reaches pCPU 1's instance too.
+    m.program(P, &[sampling(0, 4)]);
+    count_silently(&mut m, 1, 4);
+    assert!(
+        m.pcpus[1].hw_mut().take_pmi(),
+        "{name}: pCPU 1's instance overflowed"
+    );
+    // pCPU 1 takes the interrupt under all mode; between its catch-up check and its visit of
+    // the profiler, P leaves all mode on pCPU 0, which catches up at once and loads P's own
+    // context (pCPU 1's catch-up is still on its way).
+    let mut elsewhere = SimPlatform::new(2, &[1, 1], 0);
+    elsewhere.calling_pcpu = Some(0);
+    let (first, rest) = m.pcpus.split_at_mut(1);
+    let pcpu0 = &mut first[0];
+    let vpmu = &m.vpmu;
+    let table = Interleaved {
+        inner: &m.vcpus,
+        victim: P,
+        before: RefCell::new(Some(Box::new(move |vcpus: &SimVcpus<_>| {
+            let set = vpmu.control_op(
+                &mut elsewhere,
+                pcpu0,
+                vcpus,
+                P,
+                XENPMU_OP_MODE_SET,
+                &Params::new(XENPMU_MODE_SELF, 0),
+            );
+            assert_eq!(set, Err(OpError::Again), "pCPU 1 lags");
+        }))),
+    };
+    m.platform.calling_pcpu = Some(1);
+    let outcome = vpmu
+        .handle_pmi(&mut m.platform, &mut rest[0], &table)
+        .expect("the backend never makes the model fault");
+    m.platform.calling_pcpu = None;
+    drop(table);
+    assert!(
+        matches!(outcome, PmiOutcome::Dropped { to: P, .. }),
+        "{name}: the sample of the ended all mode is discarded: {outcome:?}"
+    );
+    assert_eq!(
+        m.vcpu(P).state(),
+        VcpuState::Loaded { pcpu: 0 },
+        "{name}: P's own context stays loaded where it runs"
+    );
+    let page = m.platform.frame(P.domain, gfn).clone();
+    assert!(
+        !PageView::new(&page).expect("page").is_cached(),
+        "{name}: no sample published"
+    );
+    m.complete_request(1, CrossCpuRequest::CatchUp);
+    m.schedule(0, None);
+    for pcpu in 0..2 {
+        assert!(
+            V::is_clean(m.pcpus[pcpu].hw()),
+            "{name}: pCPU {pcpu} is clean with nothing loaded: {:?}",
+            V::raw(m.pcpus[pcpu].hw())
+        );
+    }
+    let stats = *m.vcpu(P).stats();
+    assert_eq!(
+        stats.pmis_generated,
+        stats.pmis_delivered + stats.pmis_dropped,
+        "{name}"
+    );
+}
+
+#[test]
+fn a_system_wide_sample_of_an_ended_all_mode_does_not_reach_the_profiler() {
+    stale_system_sample(intel_v5());
+    stale_system_sample(intel_v2());
+    stale_system_sample(amd_v2());
+    stale_system_sample(amd_legacy());
 }

@@ -279,6 +279,15 @@ impl<B: PmuBackend> Vpmu<B> {
         overflow: Overflow,
     ) -> Result<PmiOutcome, CoreError> {
         profiler.stats.pmis_generated += 1;
+        // This pCPU took the interrupt under all mode, but the profiler may have been brought
+        // in line with a newer mode meanwhile (this pCPU's catch-up is still on its way): its
+        // own context may then be loaded on the pCPU it runs on, and a sample would mark it
+        // cached, leaving that context on the hardware with nobody to save it. Leaving all
+        // mode discards the system-wide samples; under the profiler's lock the policy read
+        // here orders this against its settle.
+        if self.policy().mode != Mode::All || matches!(profiler.state, VcpuState::Loaded { .. }) {
+            return Ok(self.account(profiler, false, overflow));
+        }
         let (page, masked) = (profiler.page, profiler.page_lvtpc_masked);
         let Some(page) = page.filter(|_| !masked) else {
             return Ok(self.account(profiler, false, overflow));

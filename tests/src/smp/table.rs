@@ -156,6 +156,11 @@ impl Seen {
 
 impl<C> Slot<C> {
     /// Runs `access` on the core state and brings the book in line with what it did.
+    ///
+    /// It sees only the state before and after: an overflow the core keeps pending and
+    /// discards within the same visit (a catch-up with a mode without vCPU contexts, on the
+    /// pCPU the vCPU runs on) leaves no trace here; the runner accounts for it where the PMI
+    /// is taken.
     pub fn observed<R>(&mut self, access: impl FnOnce(&mut VcpuPmu<C>) -> R) -> R {
         let before = Seen::of(&self.pmu);
         let result = access(&mut self.pmu);

@@ -280,9 +280,38 @@ impl<V: SimVendor> Runner<'_, V> {
         }
     }
 
+    /// Whether this pCPU, which had caught up with `before` when an own context of a vCPU
+    /// running here overflowed, has since caught up with a mode without vCPU contexts (off, or
+    /// all entered): its catch-up saved the loaded context and, the vCPU running on, dropped
+    /// the overflow it found (docs/core.md: such a change takes the privileged contexts off
+    /// the hardware and discards their pending PMIs). Only privileged vCPUs run with a vPMU in
+    /// use across such a change.
+    ///
+    /// The book cannot see that discard the way it sees the others: the core keeps the
+    /// overflow pending and drops it within one visit of the vCPU (`catch_up` saves, then
+    /// `deliver_pending` discards), so [`Slot::observed`](crate::smp::table::Slot::observed)
+    /// finds nothing pending before and after. The mode the pCPU caught up with is what tells
+    /// it: each core call catches up at most once, to the newest epoch, and the windows
+    /// checked below hold one core call each.
+    fn left_contexts_since(&self, before: Mode) -> bool {
+        before.switches_contexts() && !self.pcpu.mode_seen().switches_contexts()
+    }
+
+    /// Records the discard `left_contexts_since` found for `x`'s overflow.
+    fn discarded_with_mode(&self, x: VcpuId, before: Mode) {
+        let mut slot = self.table.lock(x);
+        slot.book.discarded += 1;
+        slot.book.event(format!(
+            "overflow discarded by the catch-up {before:?} -> {:?}",
+            self.pcpu.mode_seen()
+        ));
+    }
+
     /// The PMI line is up for `owner`'s overflow: the interrupt is taken now, or (`delayed`)
     /// after the hypervisor switched the vCPU out first.
     fn take_pmi(&mut self, owner: Owner, delayed: bool) {
+        // No core call since the overflow: the mode this pCPU applied when it happened.
+        let seen_at_overflow = self.pcpu.mode_seen();
         if delayed {
             let x = self
                 .pcpu
@@ -309,7 +338,9 @@ impl<V: SimVendor> Runner<'_, V> {
                     .context_switch(&mut self.platform, &mut self.pcpu, self.table, next);
             self.core_ok("context_switch", result);
             if let Owner::Own(owner) = owner {
-                if owner == x {
+                if owner == x && self.left_contexts_since(seen_at_overflow) {
+                    self.discarded_with_mode(x, seen_at_overflow);
+                } else if owner == x {
                     let slot = self.table.lock(x);
                     // A sibling's finish may tear the vCPU down (discarding what is pending)
                     // as soon as it is off the hardware; a policy change caught up first may
@@ -402,10 +433,13 @@ impl<V: SimVendor> Runner<'_, V> {
                         self.table.lock(profiler).book.system_discarded += 1;
                     }
                 }
+                Owner::Own(x) if !delayed && self.left_contexts_since(seen_at_overflow) => {
+                    self.discarded_with_mode(x, seen_at_overflow);
+                }
                 Owner::Own(x) if !delayed => {
                     // Not taken now: a policy change caught up at the PMI must have saved the
                     // overflow with the context, and routed it at once (the vCPU runs on) or
-                    // kept it (a mode without contexts discards it).
+                    // kept it.
                     let kept = {
                         let slot = self.table.lock(x);
                         slot.pmu.pending_pmi().is_some()
@@ -416,7 +450,11 @@ impl<V: SimVendor> Runner<'_, V> {
                         self.table.lock(x).book.reported_lost += 1;
                         self.find(
                             "PMI lost",
-                            format!("{x:?}'s overflow: {outcome:?}, nothing kept pending"),
+                            format!(
+                                "{x:?}'s overflow: {outcome:?}, nothing kept pending (mode \
+                                 {seen_at_overflow:?} at the overflow, {:?} at the PMI)",
+                                self.pcpu.mode_seen()
+                            ),
                         );
                     }
                 }
