@@ -13,7 +13,9 @@
 //! * a system-wide sample taken by a pCPU that has not caught up with the end of all mode yet
 //!   never reaches a profiler already brought in line with the new mode (it would mark the
 //!   profiler's own context cached while that context is loaded on another pCPU, orphaning
-//!   it on the hardware).
+//!   it on the hardware);
+//! * an all-mode sample of a vCPU whose domain id lies in the reserved range (which would read
+//!   as `XENPMU_DOMID_SELF` or `_HYPERVISOR`) is dropped, not published (issue 12).
 
 use std::cell::RefCell;
 
@@ -429,4 +431,67 @@ fn a_system_wide_sample_of_an_ended_all_mode_does_not_reach_the_profiler() {
     stale_system_sample(intel_v2());
     stale_system_sample(amd_v2());
     stale_system_sample(amd_legacy());
+}
+
+/// All mode: a sample interrupting a vCPU whose (integrator-chosen) domain id lies in the
+/// reserved range would read as `XENPMU_DOMID_SELF`/`_HYPERVISOR`; the core drops it instead
+/// (domain 1 shows the same set-up publishing).
+fn reserved_domain_sample<V: SimVendor>(vendor: V, domain: u32) {
+    let name = vendor.name();
+    let mut m = Machine::new(vendor, 2, &[1, 1], XENPMU_MODE_SELF);
+    let gfn = m.register_page(P);
+    m.schedule(0, Some(P));
+    m.schedule(1, Some(A));
+    assert!(
+        m.op(P, XENPMU_OP_MODE_SET, &Params::new(XENPMU_MODE_ALL, 0))
+            .is_ok()
+    );
+    m.program(P, &[sampling(0, 4)]);
+    count_silently(&mut m, 1, 4);
+    assert!(m.pcpus[1].hw_mut().take_pmi(), "{name}: pCPU 1 overflowed");
+    m.platform.interrupted[1] = vpmu::Interrupted::Guest {
+        vcpu: VcpuId { domain, vcpu: 0 },
+        regs: vpmu::abi::Regs::default(),
+    };
+    m.platform.calling_pcpu = Some(1);
+    let outcome = m
+        .vpmu
+        .handle_pmi(&mut m.platform, &mut m.pcpus[1], &m.vcpus)
+        .expect("the backend never makes the model fault");
+    m.platform.calling_pcpu = None;
+    let published = PageView::new(m.platform.frame(P.domain, gfn))
+        .expect("page")
+        .is_cached();
+    if domain < vpmu::abi::XENPMU_DOMID_FIRST_RESERVED {
+        assert!(
+            matches!(outcome, PmiOutcome::Delivered { to: P, .. }) && published,
+            "{name}: domain {domain:#x}: {outcome:?}"
+        );
+    } else {
+        assert!(
+            matches!(outcome, PmiOutcome::Dropped { to: P, .. }) && !published,
+            "{name}: domain {domain:#x}: {outcome:?}, published {published}"
+        );
+    }
+    let stats = *m.vcpu(P).stats();
+    assert_eq!(
+        stats.pmis_generated,
+        stats.pmis_delivered + stats.pmis_dropped,
+        "{name}"
+    );
+}
+
+#[test]
+fn an_all_mode_sample_of_a_reserved_domain_id_is_dropped_not_misattributed() {
+    for domain in [
+        1,
+        vpmu::abi::XENPMU_DOMID_FIRST_RESERVED,
+        vpmu::abi::XENPMU_DOMID_SELF,
+        vpmu::abi::XENPMU_DOMID_HYPERVISOR,
+    ] {
+        reserved_domain_sample(intel_v5(), domain);
+        reserved_domain_sample(intel_v2(), domain);
+        reserved_domain_sample(amd_v2(), domain);
+        reserved_domain_sample(amd_legacy(), domain);
+    }
 }

@@ -13,7 +13,10 @@ use crate::request::CrossCpuRequest;
 /// A vCPU: its domain and its index within the domain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct VcpuId {
-    /// Domain id (below `XENPMU_DOMID_FIRST_RESERVED`).
+    /// Domain id, below `XENPMU_DOMID_FIRST_RESERVED` (0x7FF0): the ids from there up are the
+    /// page's special identities (`XENPMU_DOMID_SELF`, `XENPMU_DOMID_HYPERVISOR`). The core
+    /// drops an all-mode sample of a vCPU whose domain is in that range rather than publish it
+    /// under a special identity; integrators should not create such vCPUs at all.
     pub domain: u32,
     /// vCPU index within the domain.
     pub vcpu: u32,

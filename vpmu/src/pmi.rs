@@ -10,7 +10,9 @@
 //!   any other domain.
 
 use vpmu_abi::writer::{publish_sample, record_dropped_sample};
-use vpmu_abi::{Identity, Regs, XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF};
+use vpmu_abi::{
+    Identity, Regs, XENPMU_DOMID_FIRST_RESERVED, XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF,
+};
 
 use crate::backend::{Overflow, PmuBackend};
 use crate::core::{CoreError, Mode, VcpuTable, Vpmu};
@@ -299,7 +301,18 @@ impl<B: PmuBackend> Vpmu<B> {
             return Ok(self.account(profiler, false, overflow));
         }
         let here = pcpu.index;
-        let sample = match platform.interrupted(here) {
+        let interrupted = platform.interrupted(here);
+        if let Interrupted::Guest { vcpu, .. } = interrupted {
+            if vcpu.domain >= XENPMU_DOMID_FIRST_RESERVED {
+                // An integrator's domain id in the reserved range would read as DOMID_SELF,
+                // DOMID_HYPERVISOR or a future special id: a sample that cannot be attributed
+                // honestly is dropped, never published under a false identity.
+                platform.with_page(page.slot, record_dropped_sample);
+                platform.diagnostic(Diagnostic::SampleDropped { vcpu: profiler.id });
+                return Ok(self.account(profiler, false, overflow));
+            }
+        }
+        let sample = match interrupted {
             Interrupted::Guest { vcpu, regs } => Sample {
                 domain_id: if vcpu == profiler.id {
                     XENPMU_DOMID_SELF
