@@ -26,12 +26,15 @@ if ! command -v llvm-cov-22 >/dev/null && ! command -v llvm-cov-19 >/dev/null; t
 fi
 
 export RUSTC_WRAPPER="$PWD/scripts/rustc-coverage-wrapper"
-export VPMU_COVERAGE_CRATES="vpmu vpmu_abi vpmu_intel vpmu_amd minicov"
+# The core's generic code (Vpmu<B>::wrmsr, handle_pmi, ...) is compiled, and counted, in the
+# crates that instantiate it: the machine and the VMM libraries that pick a personality. The
+# report keeps only the vPMU's own sources.
+export VPMU_COVERAGE_CRATES="vpmu vpmu_abi vpmu_intel vpmu_amd vpmu_machine vpmu_selftest vpmu_coverage vpmu_profile minicov"
 # Its own target directory: the instrumented crates must not mix with normal builds (and
 # changing the crate list does not trigger rebuilds by itself).
 export CARGO_TARGET_DIR="${VPMU_COVERAGE_TARGET_DIR:-$PWD/target/coverage}"
 # Cargo's fingerprints do not see what the wrapper adds: rebuild the instrumented crates.
-cargo clean --release -q -p vpmu -p vpmu-abi -p vpmu-intel -p vpmu-amd -p vpmu-cli -p vpmu-machine -p minicov \
+cargo clean --release -q -p vpmu -p vpmu-abi -p vpmu-intel -p vpmu-amd -p vpmu-cli -p vpmu-machine -p vpmu-selftest -p vpmu-coverage -p vpmu-profile -p minicov \
     2>/dev/null || true
 cargo build --release -p vpmu-cli --features coverage
 "$CARGO_TARGET_DIR/release/vpmu" coverage --out "$out"
