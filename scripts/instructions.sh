@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The core's hot paths in instructions (deterministic, callgrind): installs valgrind if it is
+# missing, builds the scenario binary in release mode and prints the Markdown table that the
+# README quotes (tests/src/bin/instructions.rs says what each row measures).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v valgrind >/dev/null 2>&1; then
+    echo "instructions: installing valgrind" >&2
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind >&2
+fi
+cargo build -q --release -p vpmu-tests --bin instructions
+exec target/release/instructions table

@@ -1,0 +1,590 @@
+//! Deterministic cost of the core's hot paths: instructions retired by the core itself (the MSR
+//! bus, the software PMU model behind it and the platform excluded) per operation, counted by
+//! valgrind's callgrind, with the MSR accesses each operation made and heap allocations.
+//!
+//! * `instructions table` runs every scenario of both vendors in its own process under
+//!   `valgrind --tool=callgrind` and prints a Markdown table, with two references per row: the
+//!   must-change minimum of MSR accesses and what Xen's VPMU does for the same scenario.
+//! * `instructions run VENDOR SCENARIO` is one such process: it sets the scenario up, runs the
+//!   operation once to warm up, then once more inside `vpmu_bench_measured`, the only function
+//!   callgrind collects in (`--collect-atstart=no --toggle-collect`). Collection is toggled off
+//!   again inside every access of the bus (`ExcludedBus`); the platform (the simulator's) is
+//!   counted with the core: it is a few map lookups and queue pushes.
+//! * `instructions list` lists the scenarios.
+//!
+//! Instruction counts are deterministic for one binary: no timing is involved. `scripts/
+//! instructions.sh` installs valgrind and runs the table.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::fmt::Write as _;
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use vpmu::abi::ops::Params;
+use vpmu::abi::{XENPMU_MODE_ALL, XENPMU_MODE_SELF, XENPMU_OP_FLUSH, XENPMU_OP_MODE_SET};
+use vpmu::{
+    ExecMode, HwEvent, Interrupted, Msr, MsrAccessStats, MsrBus, MsrFault, PmiOutcome, SoftwarePmu,
+    VcpuId,
+};
+use vpmu_tests::sim::helpers::{counting, sampling};
+use vpmu_tests::sim::{Driver, Machine, SimVendor, amd_v2, intel_v5};
+
+/// Heap allocations made by this process so far.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+struct CountingAllocator;
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is passed on as it is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract for `dealloc` is passed on as it is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `realloc` is passed on as it is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// The PMU model of a pCPU behind a bus whose accesses callgrind does not collect while an
+/// operation is measured: each access then goes through `vpmu_bench_excluded`, entering and
+/// leaving which toggles collection (`--toggle-collect=*vpmu_bench_excluded*`), so the model's
+/// own instructions are left out of the core's count. Outside the measured operation the
+/// accesses go straight to the model (a toggle there would switch collection on). What remains
+/// counted per access is this wrapper's check and call, a handful of instructions.
+#[derive(Clone, Debug)]
+struct ExcludedBus<M>(M);
+
+/// Whether `vpmu_bench_measured` is running.
+static MEASURING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// One access of the model, not collected. Never inlined, and never a tail call into the model
+/// (callgrind takes a tail jump for leaving the function, which would switch collection back
+/// on for the model's instructions): the result goes through `black_box` after the call.
+#[inline(never)]
+fn vpmu_bench_excluded<R>(access: impl FnOnce() -> R) -> R {
+    std::hint::black_box(access())
+}
+
+impl<M: MsrBus> MsrBus for ExcludedBus<M> {
+    fn read(&mut self, msr: Msr) -> Result<u64, MsrFault> {
+        if MEASURING.load(Ordering::Relaxed) {
+            vpmu_bench_excluded(|| self.0.read(msr))
+        } else {
+            self.0.read(msr)
+        }
+    }
+
+    fn write(&mut self, msr: Msr, value: u64) -> Result<(), MsrFault> {
+        if MEASURING.load(Ordering::Relaxed) {
+            vpmu_bench_excluded(|| self.0.write(msr, value))
+        } else {
+            self.0.write(msr, value)
+        }
+    }
+}
+
+impl<M: SoftwarePmu> SoftwarePmu for ExcludedBus<M> {
+    fn count(&mut self, event: HwEvent, n: u64, mode: ExecMode) {
+        self.0.count(event, n, mode);
+    }
+
+    fn pmi_pending(&self) -> bool {
+        self.0.pmi_pending()
+    }
+
+    fn take_pmi(&mut self) -> bool {
+        self.0.take_pmi()
+    }
+
+    fn access_stats(&self) -> MsrAccessStats {
+        self.0.access_stats()
+    }
+
+    fn cycles_until_pmi(&self, mode: ExecMode) -> Option<u64> {
+        self.0.cycles_until_pmi(mode)
+    }
+}
+
+/// A vendor shape whose models sit behind `ExcludedBus`.
+#[derive(Clone, Debug)]
+struct Excluded<V>(V);
+
+impl<V: SimVendor> SimVendor for Excluded<V>
+where
+    V::Model: Clone,
+{
+    type Backend = V::Backend;
+    type Model = ExcludedBus<V::Model>;
+    type Raw = V::Raw;
+
+    fn name(&self) -> String {
+        self.0.name()
+    }
+
+    fn backend(&self) -> V::Backend {
+        self.0.backend()
+    }
+
+    fn model(&self) -> Self::Model {
+        ExcludedBus(self.0.model())
+    }
+
+    fn raw(model: &Self::Model) -> V::Raw {
+        V::raw(&model.0)
+    }
+
+    fn is_clean(model: &Self::Model) -> bool {
+        V::is_clean(&model.0)
+    }
+
+    fn driver(&self) -> Driver {
+        self.0.driver()
+    }
+}
+
+/// The one function callgrind collects in. Never inlined, so that its name is in the binary.
+#[inline(never)]
+fn vpmu_bench_measured<R>(operation: impl FnOnce() -> R) -> R {
+    MEASURING.store(true, Ordering::Relaxed);
+    let result = std::hint::black_box(operation());
+    MEASURING.store(false, Ordering::Relaxed);
+    result
+}
+
+/// The profiling domain's vCPU, a guest vCPU, and a vCPU that never uses the PMU.
+const P: VcpuId = VcpuId { domain: 0, vcpu: 0 };
+const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };
+const B: VcpuId = VcpuId { domain: 1, vcpu: 1 };
+/// Instructions between two samples.
+const PERIOD: u64 = 1000;
+
+const KERNEL: ExecMode = ExecMode {
+    cpl: 0,
+    host: false,
+};
+
+/// What one scenario measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scenario {
+    /// An intercepted WRMSR of A's loaded counter 0.
+    Wrmsr,
+    /// An intercepted RDMSR of A's loaded counter 0.
+    Rdmsr,
+    /// A with `n` counters (`None`: every counter) switched out for B and back in.
+    SwitchPair(Option<u32>),
+    /// A's counter overflows; the PMI is delivered through A's virtual LVTPC.
+    PmiLvtpc,
+    /// All mode: P's counter overflows while A runs; the sample goes into P's page.
+    PmiSample,
+    /// P flushes the sample (its counter re-armed and acknowledged in the page).
+    Flush,
+}
+
+const SCENARIOS: [(&str, Scenario); 8] = [
+    ("wrmsr", Scenario::Wrmsr),
+    ("rdmsr", Scenario::Rdmsr),
+    ("switch-1", Scenario::SwitchPair(Some(1))),
+    ("switch-4", Scenario::SwitchPair(Some(4))),
+    ("switch-all", Scenario::SwitchPair(None)),
+    ("pmi-lvtpc", Scenario::PmiLvtpc),
+    ("pmi-sample", Scenario::PmiSample),
+    ("flush", Scenario::Flush),
+];
+
+const VENDORS: [&str; 2] = ["intel-v5", "amd-perfmonv2"];
+
+/// What a measured run reports on stdout (besides the instructions callgrind counts).
+struct Measured {
+    msr_accesses: u64,
+    allocations: u64,
+    /// Counters of the PMU that the scenario programs (the switch pairs' `k`).
+    counters_used: u32,
+}
+
+fn all_counters(driver: &Driver) -> Vec<u32> {
+    driver.counters()
+}
+
+fn run_scenario<V: SimVendor>(vendor: V, scenario: Scenario) -> Result<Measured, String>
+where
+    V::Model: Clone,
+{
+    let excluded = Excluded(vendor);
+    let driver = excluded.driver();
+    match scenario {
+        Scenario::Wrmsr | Scenario::Rdmsr => {
+            let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
+            m.schedule(0, Some(A));
+            m.program(A, &[counting(0, 0)]);
+            let counter = driver.read_counter(0);
+            let (msr, value) = driver.write_counter(0, 0x1234);
+            let once = |m: &mut Machine<Excluded<V>>| {
+                m.platform.calling_pcpu = Some(0);
+                let cell = &m.vcpus.domains[1][0];
+                let (vpmu, platform, pcpu) = (&m.vpmu, &mut m.platform, &mut m.pcpus[0]);
+                let mut vcpu = cell.borrow_mut();
+                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let ok = vpmu_bench_measured(|| match scenario {
+                    Scenario::Wrmsr => vpmu
+                        .wrmsr(platform, pcpu, &mut vcpu, Msr(msr), value)
+                        .is_ok(),
+                    _ => vpmu.rdmsr(platform, pcpu, &mut vcpu, Msr(counter)).is_ok(),
+                });
+                let after = (pcpu.hw().access_stats().total(), alloc_count());
+                ok.then_some((after.0 - before.0, after.1 - before.1))
+            };
+            once(&mut m).ok_or("warm-up intercept failed")?;
+            let (msr_accesses, allocations) = once(&mut m).ok_or("intercept failed")?;
+            Ok(Measured {
+                msr_accesses,
+                allocations,
+                counters_used: 1,
+            })
+        }
+        Scenario::SwitchPair(n) => {
+            let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
+            m.schedule(0, Some(A));
+            let counters: Vec<u32> = all_counters(&driver)
+                .into_iter()
+                .take(n.map_or(usize::MAX, |n| n as usize))
+                .collect();
+            if n.is_some_and(|n| counters.len() < n as usize) {
+                return Err(format!("the PMU has only {} counters", counters.len()));
+            }
+            let setups: Vec<_> = counters.iter().map(|&c| counting(c, 0)).collect();
+            m.program(A, &setups);
+            let pair = |m: &mut Machine<Excluded<V>>| {
+                // Let A's counters move, so that a save has something new to read.
+                m.pcpus[0].hw_mut().count(HwEvent::Instructions, 10, KERNEL);
+                m.platform.calling_pcpu = Some(0);
+                let (vpmu, platform, pcpu, vcpus) =
+                    (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
+                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let ok = vpmu_bench_measured(|| {
+                    vpmu.context_switch(platform, pcpu, vcpus, Some(B)).is_ok()
+                        && vpmu.context_switch(platform, pcpu, vcpus, Some(A)).is_ok()
+                });
+                let after = (pcpu.hw().access_stats().total(), alloc_count());
+                ok.then_some((after.0 - before.0, after.1 - before.1))
+            };
+            pair(&mut m).ok_or("warm-up switch failed")?;
+            let (msr_accesses, allocations) = pair(&mut m).ok_or("switch failed")?;
+            Ok(Measured {
+                msr_accesses,
+                allocations,
+                counters_used: counters.len() as u32,
+            })
+        }
+        Scenario::PmiLvtpc => {
+            let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
+            m.platform.set_lvtpc_masked(A, false);
+            m.schedule(0, Some(A));
+            m.platform.interrupted[0] = interrupted_guest(A);
+            let setup = sampling(0, PERIOD);
+            m.program(A, &[setup]);
+            let pmi = |m: &mut Machine<Excluded<V>>| {
+                m.pcpus[0]
+                    .hw_mut()
+                    .count(HwEvent::Instructions, PERIOD, KERNEL);
+                if !m.pcpus[0].hw_mut().take_pmi() {
+                    return None;
+                }
+                m.platform.calling_pcpu = Some(0);
+                let (vpmu, platform, pcpu, vcpus) =
+                    (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
+                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let outcome = vpmu_bench_measured(|| vpmu.handle_pmi(platform, pcpu, vcpus));
+                let after = (pcpu.hw().access_stats().total(), alloc_count());
+                m.platform.calling_pcpu = None;
+                if !matches!(outcome, Ok(PmiOutcome::Delivered { to: A, .. })) {
+                    return None;
+                }
+                // The guest's handler: acknowledge, re-arm, unmask its LVTPC.
+                if let Some(ack) = driver.ack(1) {
+                    m.write(A, ack);
+                }
+                m.write(A, driver.write_counter(0, setup.start_value()));
+                m.platform.set_lvtpc_masked(A, false);
+                m.platform.lvtpc_deliveries.clear();
+                Some((after.0 - before.0, after.1 - before.1))
+            };
+            pmi(&mut m).ok_or("warm-up PMI was not delivered through the LVTPC")?;
+            let (msr_accesses, allocations) =
+                pmi(&mut m).ok_or("the PMI was not delivered through the LVTPC")?;
+            Ok(Measured {
+                msr_accesses,
+                allocations,
+                counters_used: 1,
+            })
+        }
+        Scenario::PmiSample | Scenario::Flush => {
+            let mut m = Machine::new(excluded, 1, &[1, 1], XENPMU_MODE_SELF);
+            let gfn = m.register_page(P);
+            m.schedule(0, Some(P));
+            m.op(P, XENPMU_OP_MODE_SET, &Params::new(XENPMU_MODE_ALL, 0))
+                .map_err(|e| format!("mode all: {e:?}"))?;
+            let setup = sampling(0, PERIOD);
+            m.program(P, &[setup]);
+            m.schedule(0, Some(A));
+            m.platform.interrupted[0] = interrupted_guest(A);
+            let cycle = |m: &mut Machine<Excluded<V>>| -> Option<(u64, u64)> {
+                m.pcpus[0]
+                    .hw_mut()
+                    .count(HwEvent::Instructions, PERIOD, KERNEL);
+                if !m.pcpus[0].hw_mut().take_pmi() {
+                    return None;
+                }
+                m.platform.calling_pcpu = Some(0);
+                let (vpmu, platform, pcpu, vcpus) =
+                    (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
+                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let outcome = if scenario == Scenario::PmiSample {
+                    vpmu_bench_measured(|| vpmu.handle_pmi(platform, pcpu, vcpus))
+                } else {
+                    vpmu.handle_pmi(platform, pcpu, vcpus)
+                };
+                let mut cost = (
+                    pcpu.hw().access_stats().total() - before.0,
+                    alloc_count() - before.1,
+                );
+                m.platform.calling_pcpu = None;
+                if !matches!(outcome, Ok(PmiOutcome::Delivered { to: P, .. })) {
+                    return None;
+                }
+                // The profiler's handler: re-arm and acknowledge in the page, then flush.
+                let page = m.platform.frame_mut(P.domain, gfn);
+                driver.edit_page(page, &[(0, setup.start_value())], 1, false);
+                m.platform.virqs.clear();
+                m.platform.calling_pcpu = Some(0);
+                let (vpmu, platform, pcpu, vcpus) =
+                    (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
+                let mut flush = |pcpu: &mut _| {
+                    vpmu.control_op(
+                        platform,
+                        pcpu,
+                        vcpus,
+                        P,
+                        XENPMU_OP_FLUSH,
+                        &Params::new(0, 0),
+                    )
+                };
+                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let flushed = if scenario == Scenario::Flush {
+                    vpmu_bench_measured(|| flush(pcpu))
+                } else {
+                    flush(pcpu)
+                };
+                if scenario == Scenario::Flush {
+                    cost = (
+                        pcpu.hw().access_stats().total() - before.0,
+                        alloc_count() - before.1,
+                    );
+                }
+                m.platform.calling_pcpu = None;
+                flushed.ok().map(|_| cost)
+            };
+            cycle(&mut m).ok_or("warm-up sample or flush failed")?;
+            let (msr_accesses, allocations) = cycle(&mut m).ok_or("sample or flush failed")?;
+            Ok(Measured {
+                msr_accesses,
+                allocations,
+                counters_used: 1,
+            })
+        }
+    }
+}
+
+/// `vcpu` interrupted in kernel code (what the simulator's retire loop records).
+fn interrupted_guest(vcpu: VcpuId) -> Interrupted {
+    Interrupted::Guest {
+        vcpu,
+        regs: vpmu::abi::Regs {
+            rip: 0xffff_8000_0010_0000,
+            ..Default::default()
+        },
+    }
+}
+
+fn alloc_count() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+fn run(vendor: &str, scenario: &str) -> Result<Measured, String> {
+    let scenario = SCENARIOS
+        .iter()
+        .find(|(name, _)| *name == scenario)
+        .map(|&(_, s)| s)
+        .ok_or_else(|| format!("no scenario {scenario:?} (instructions list)"))?;
+    match vendor {
+        "intel-v5" => run_scenario(intel_v5(), scenario),
+        "amd-perfmonv2" => run_scenario(amd_v2(), scenario),
+        other => Err(format!("no vendor {other:?}: intel-v5 or amd-perfmonv2")),
+    }
+}
+
+/// The PMU geometry the references are computed from.
+struct Geometry {
+    gp: u32,
+    fixed: u32,
+}
+
+fn geometry(vendor: &str) -> Geometry {
+    match vendor {
+        // intel_v5(): 8 GP, 4 fixed counters; amd_v2(): 6 counters.
+        "intel-v5" => Geometry { gp: 8, fixed: 4 },
+        _ => Geometry { gp: 6, fixed: 0 },
+    }
+}
+
+/// The fewest MSR accesses the scenario can take on a PMU with a global control (both shapes
+/// here), as docs and the README derive them.
+fn minimum(scenario: Scenario, k: u32) -> u32 {
+    match scenario {
+        Scenario::Wrmsr | Scenario::Rdmsr => 1,
+        // Stop (global control), overflow status, read each used counter; re-enable.
+        Scenario::SwitchPair(_) => k + 3,
+        // Read the overflow status, acknowledge it.
+        Scenario::PmiLvtpc => 2,
+        // Status, acknowledge, stop, read the used counters.
+        Scenario::PmiSample => k + 3,
+        // Write the re-armed counter, re-enable.
+        Scenario::Flush => 2,
+    }
+}
+
+/// What Xen's VPMU (xen/arch/x86/cpu/vpmu_intel.c, vpmu_amd.c, staging as of 2024) does for the
+/// scenario on an HVM guest, counted from core2_vpmu_save/__core2_vpmu_load and
+/// amd_vpmu_save/context_load: it saves and reloads every counter whatever is in use.
+fn xen(vendor: &str, scenario: Scenario) -> String {
+    let g = geometry(vendor);
+    let intel = vendor.starts_with("intel");
+    let n = match scenario {
+        Scenario::Wrmsr | Scenario::Rdmsr => 1,
+        // Intel: save reads F fixed + A (counter, event select) pairs; load writes them and
+        // FIXED_CTR_CTRL (GLOBAL_CTRL travels in the VMCS). AMD: save stops every control and
+        // reads every counter; load writes every counter and control.
+        Scenario::SwitchPair(_) if intel => 2 * g.fixed + 4 * g.gp + 1,
+        Scenario::SwitchPair(_) => 4 * g.gp,
+        // core2_vpmu_do_interrupt: read GLOBAL_STATUS, write GLOBAL_OVF_CTRL.
+        Scenario::PmiLvtpc if intel => 2,
+        Scenario::PmiLvtpc => return "– (no PerfMonV2)".into(),
+        // All mode: the interrupt, then arch_vpmu_save(to_guest) of the whole bank.
+        Scenario::PmiSample if intel => 2 + g.fixed + 2 * g.gp,
+        Scenario::PmiSample => return "– (no PerfMonV2)".into(),
+        // XENPMU_OP_FLUSH: vpmu_load(from_guest) rewrites the whole bank.
+        Scenario::Flush if intel => g.fixed + 2 * g.gp + 1,
+        Scenario::Flush => return "– (no PerfMonV2)".into(),
+    };
+    n.to_string()
+}
+
+/// Runs `vendor`/`scenario` in a child process under callgrind; its instruction total.
+fn callgrind(vendor: &str, scenario: &str) -> Result<(u64, String), String> {
+    let me = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
+    let out = std::env::temp_dir().join(format!(
+        "vpmu-callgrind-{}-{vendor}-{scenario}.out",
+        std::process::id()
+    ));
+    let result = Command::new("valgrind")
+        .args([
+            "--tool=callgrind",
+            "--collect-atstart=no",
+            "--toggle-collect=*vpmu_bench_measured*",
+            "--toggle-collect=*vpmu_bench_excluded*",
+        ])
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(&me)
+        .args(["run", vendor, scenario])
+        .output()
+        .map_err(|e| format!("cannot run valgrind ({e}): scripts/instructions.sh installs it"))?;
+    let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
+    if !result.status.success() {
+        return Err(format!(
+            "{vendor} {scenario}: {}\n{}",
+            result.status,
+            String::from_utf8_lossy(&result.stderr)
+        ));
+    }
+    let profile = std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let _ = std::fs::remove_file(&out);
+    let total = profile
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("totals:")
+                .or_else(|| l.strip_prefix("summary:"))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("{vendor} {scenario}: no totals in the callgrind output"))?;
+    Ok((total, stdout))
+}
+
+fn field(report: &str, name: &str) -> Option<u64> {
+    report
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+}
+
+fn table() -> Result<String, String> {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| scenario | vendor | core instructions | MSR accesses | must-change minimum | Xen | heap allocations |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for (name, scenario) in SCENARIOS {
+        for vendor in VENDORS {
+            let (instructions, report) = callgrind(vendor, name)?;
+            let accesses = field(&report, "msr_accesses").ok_or("no msr_accesses")?;
+            let allocations = field(&report, "allocations").ok_or("no allocations")?;
+            let k = field(&report, "counters").ok_or("no counters")? as u32;
+            let _ = writeln!(
+                out,
+                "| {name} | {vendor} | {instructions} | {accesses} | {} | {} | {allocations} |",
+                minimum(scenario, k),
+                xen(vendor, scenario)
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match args.as_slice() {
+        ["list"] => Ok(SCENARIOS
+            .iter()
+            .map(|(n, _)| format!("{n}\n"))
+            .collect::<String>()),
+        ["run", vendor, scenario] => run(vendor, scenario).map(|m| {
+            format!(
+                "msr_accesses={} allocations={} counters={}\n",
+                m.msr_accesses, m.allocations, m.counters_used
+            )
+        }),
+        ["table"] => table(),
+        _ => Err("usage: instructions list | run VENDOR SCENARIO | table".into()),
+    };
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("instructions: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
