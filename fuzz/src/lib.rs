@@ -2,7 +2,7 @@
 //! state must keep whatever a guest feeds the backends.
 
 use vpmu::{AllowAll, EventFilter, GuestPolicy, PmuBackend, RawEvent};
-use vpmu_amd::{AmdBackend, AmdPmu, AmdPmuModel, PmuShape};
+use vpmu_amd::{AmdPmu, AmdCaps, AmdPmuModel, PmuShape};
 use vpmu_intel::{IntelPmu, IntelPmuModel, SyntheticCpuid};
 
 /// A filter that denies every event with an odd event select, to exercise the filtered path.
@@ -36,24 +36,24 @@ pub fn intel(shape: u8) -> (IntelPmu, IntelPmuModel) {
         2 => (SyntheticCpuid::v5(6, 0, 0b1011), Some(1 << 13)),
         _ => (SyntheticCpuid::v2(2, 0), None),
     };
-    let pmu = IntelPmu::from_cpuid_reader(cpuid, perf_caps).expect("the fuzzed shapes are supported");
+    let pmu = IntelPmu::from_cpuid(cpuid, perf_caps).expect("the fuzzed shapes are supported");
     let mut model = IntelPmuModel::new(*pmu.caps());
     pmu.init_hardware(&mut model).expect("a model accepts cleaning");
     (pmu, model)
 }
 
 /// An AMD backend and a cleaned model; `shape` picks one of three PMUs.
-pub fn amd(shape: u8) -> (AmdBackend, AmdPmuModel) {
+pub fn amd(shape: u8) -> (AmdPmu, AmdPmuModel) {
     let shape = match shape % 3 {
         0 => PmuShape::LegacyK7,
         1 => PmuShape::PerfCtrExtCore,
         _ => PmuShape::PerfMonV2 { counters: 6 },
     };
-    let pmu = AmdPmu::new(shape).expect("the fuzzed shapes are supported");
-    let mut model = AmdPmuModel::new(&pmu);
-    let backend = AmdBackend::new(pmu).expect("six counters fit the page");
-    backend.init_hardware(&mut model).expect("a model accepts cleaning");
-    (backend, model)
+    let caps = AmdCaps::from_shape(shape).expect("the fuzzed shapes are supported");
+    let mut model = AmdPmuModel::new(caps);
+    let pmu = AmdPmu::new(caps).expect("six counters fit the page");
+    pmu.init_hardware(&mut model).expect("a model accepts cleaning");
+    (pmu, model)
 }
 
 /// Bits no Intel guest may ever get onto the hardware: PERFEVTSEL 63:32, AnyThread (21) and

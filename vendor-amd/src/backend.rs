@@ -1,18 +1,27 @@
 //! The AMD [`PmuBackend`]: MSR emulation, save/load, and overflow detection.
 
-use raw_cpuid::{CpuId, CpuIdReader};
+use raw_cpuid::CpuIdReader;
 use vpmu::abi::{AmdBanks, VendorArea, VendorLayout};
+use vpmu::bank::{self, BankMap, SaveOrder, StatusMsrs};
 use vpmu::{
     ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
     PmuCapabilities,
 };
 
-use crate::caps::{AmdPmu, EnumerationError, Lookup};
-use crate::context::{AmdContext, bit};
+use crate::caps::{AmdCaps, EnumerationError, Lookup};
+use crate::context::AmdContext;
 use crate::msrs::{
     COUNTER_TOP_BIT, GLOBAL_CTL, GLOBAL_STATUS, GLOBAL_STATUS_CLR, MSR_RANGES, Register, ctl,
 };
 use crate::policy;
+
+/// Why an [`AmdPmu`] could not be built.
+pub type BackendError = vpmu::BackendError<EnumerationError>;
+
+const STATUS: StatusMsrs = StatusMsrs {
+    status: Msr(GLOBAL_STATUS),
+    acknowledge: Msr(GLOBAL_STATUS_CLR),
+};
 
 /// Where overflow detection before PerfMonV2 reads a counter's value.
 #[derive(Clone, Copy, Debug)]
@@ -25,112 +34,103 @@ enum CounterValues {
 
 /// The AMD core-PMU backend for one enumerated PMU.
 #[derive(Clone, Copy, Debug)]
-pub struct AmdBackend {
-    pmu: AmdPmu,
-    caps: PmuCapabilities,
-    banks: AmdBanks,
+pub struct AmdPmu {
+    caps: AmdCaps,
+    capabilities: PmuCapabilities,
+    /// The one counter bank, in the form the core's bank loops take.
+    msr_banks: [BankMap; 1],
+    page_banks: AmdBanks,
 }
 
-impl AmdBackend {
-    /// The backend for `pmu`.
-    pub fn new(pmu: AmdPmu) -> Result<Self, EnumerationError> {
-        let banks = AmdBanks::new(pmu.counters()).map_err(EnumerationError::PageLayout)?;
+impl AmdPmu {
+    /// The backend for the PMU `caps` describes.
+    pub fn new(caps: AmdCaps) -> Result<Self, BackendError> {
+        let page_banks =
+            AmdBanks::new(caps.gp_counters()).map_err(vpmu::BackendError::PageLayout)?;
         Ok(Self {
-            pmu,
-            caps: pmu.capabilities(),
-            banks,
+            caps,
+            capabilities: caps.pmu_capabilities(),
+            msr_banks: caps.banks(),
+            page_banks,
         })
     }
 
-    /// The backend for the PMU `cpuid` describes.
-    pub fn from_cpuid<R: CpuIdReader>(cpuid: &CpuId<R>) -> Result<Self, EnumerationError> {
-        Self::new(AmdPmu::from_cpuid(cpuid)?)
+    /// Enumerates through `reader` and builds the backend (see [`AmdCaps::from_cpuid`]).
+    pub fn from_cpuid<R: CpuIdReader>(reader: R) -> Result<Self, BackendError> {
+        Self::new(AmdCaps::from_cpuid(reader)?)
     }
 
-    /// The enumerated PMU.
-    pub fn pmu(&self) -> &AmdPmu {
-        &self.pmu
+    /// The enumeration this backend was built from.
+    pub fn caps(&self) -> &AmdCaps {
+        &self.caps
+    }
+
+    fn bank(&self) -> &BankMap {
+        &self.msr_banks[0]
     }
 
     /// Brings a CPU's PMU into the state `save` leaves and `load` expects: every control 0
     /// and, with PerfMonV2, GlobalCtl 0 and no status bit. Call once per CPU before the first
     /// `load` (hardware resets GlobalCtl to all-enabled).
     pub fn clean_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault> {
-        if self.pmu.has_perfmon_v2() {
+        if self.caps.has_perfmon_v2() {
             hw.write(Msr(GLOBAL_CTL), 0)?;
         }
-        for i in 0..self.pmu.counters() {
-            hw.write(self.pmu.control_msr(i), 0)?;
+        for i in 0..self.caps.gp_counters() {
+            hw.write(self.bank().control_msr(i), 0)?;
         }
-        if self.pmu.has_perfmon_v2() {
-            hw.write(Msr(GLOBAL_STATUS_CLR), self.pmu.counter_mask())?;
+        if self.caps.has_perfmon_v2() {
+            hw.write(Msr(GLOBAL_STATUS_CLR), self.caps.counter_mask())?;
         }
         Ok(())
     }
 
-    fn indices(&self, set: u8) -> impl Iterator<Item = u32> + use<> {
-        (0..self.pmu.counters()).filter(move |&i| set & bit(i) != 0)
-    }
-
     /// Whether the hardware GlobalCtl holds the context's value (rather than the clean 0).
-    /// It does exactly while something is live: `load` writes it then, and `save` clears it.
+    /// It does exactly while something is in use: `load` writes it then, and `save` clears it.
     fn global_on_hardware(&self, ctx: &AmdContext) -> bool {
-        self.pmu.has_perfmon_v2() && ctx.live != 0 && ctx.global_ctl != 0
+        self.caps.has_perfmon_v2() && !ctx.in_use.is_empty() && ctx.global_ctl != 0
     }
 
     /// Finds the counters of the loaded `ctx` that overflowed and records them. PerfMonV2:
     /// GlobalStatus read, folded into the virtual status, acknowledged with STATUS_CLR.
-    /// Before PerfMonV2 (no status register), Linux's rule: a live, armed counter with EN on
-    /// the hardware and INT, whose value now has its top bit clear, has wrapped; it is
-    /// disarmed. `values` says where that value is read.
+    /// Before PerfMonV2 (no status register), Linux's rule: an in-use, armed counter with EN
+    /// on the hardware and INT, whose value now has its top bit clear, has wrapped; it is
+    /// disarmed. `values` says where that value is read. The controls now stand for the
+    /// controls at the overflow: a control write that sets INT retires the overflows found
+    /// before it ([`AmdPmu::retire_silent_overflow`]).
     fn collect_overflows<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
         hw: &mut B,
         values: CounterValues,
-    ) -> Result<u8, MsrFault> {
-        if self.pmu.has_perfmon_v2() {
-            let status = hw.read(Msr(GLOBAL_STATUS))? & self.pmu.counter_mask();
-            if status != 0 {
-                hw.write(Msr(GLOBAL_STATUS_CLR), status)?;
-                ctx.global_status |= status;
+    ) -> Result<Overflow, MsrFault> {
+        let overflowed = if self.caps.has_perfmon_v2() {
+            let mask = self.caps.counter_mask();
+            CounterSet(STATUS.fold(hw, mask, mask, &mut ctx.global_status)?)
+        } else {
+            let mut overflowed = CounterSet::EMPTY;
+            for i in ctx.in_use.intersection(ctx.armed).gp_indices() {
+                let (guest, hardware) = (ctx.guest_ctl[i as usize], ctx.hw_ctl[i as usize]);
+                if hardware & ctl::EN == 0 || guest & ctl::INT == 0 {
+                    continue;
+                }
+                let value = match values {
+                    CounterValues::Hardware => self.bank().read_counter(hw, i)?,
+                    CounterValues::Saved => ctx.counters[i as usize],
+                };
+                if value & COUNTER_TOP_BIT == 0 {
+                    overflowed = overflowed.union(CounterSet::gp(i));
+                    ctx.armed.0 &= !CounterSet::gp(i).0;
+                }
             }
-            return Ok(status as u8);
-        }
-        let mut overflowed = 0u8;
-        for i in self.indices(ctx.live & ctx.armed) {
-            let (guest, hardware) = (ctx.guest_ctl[i as usize], ctx.hw_ctl[i as usize]);
-            if hardware & ctl::EN == 0 || guest & ctl::INT == 0 {
-                continue;
-            }
-            let value = match values {
-                CounterValues::Hardware => hw.read(self.pmu.counter_msr(i))?,
-                CounterValues::Saved => ctx.counters[i as usize],
-            };
-            if value & COUNTER_TOP_BIT == 0 {
-                overflowed |= bit(i);
-                ctx.armed &= !bit(i);
-            }
-        }
-        Ok(overflowed)
-    }
-
-    /// The counters `overflowed`, and whether any has INT as the guest programmed it. The
-    /// controls now stand for the controls at the overflow: a control write that sets INT
-    /// retires the overflows found before it ([`AmdBackend::retire_silent_overflow`]).
-    fn overflow_of(&self, ctx: &AmdContext, overflowed: u8) -> Overflow {
-        let interrupt = self
-            .indices(overflowed)
-            .any(|i| ctx.guest_ctl[i as usize] & ctl::INT != 0);
-        Overflow {
-            counters: CounterSet(u64::from(overflowed)),
-            interrupt,
-        }
+            overflowed
+        };
+        Ok(bank::overflow(&self.msr_banks, ctx, overflowed))
     }
 
     /// Called before a control write sets INT on counter `index`. An overflow that already
     /// happened raised no PMI, as INT was clear: it is retired so that it never becomes one
-    /// (the guest still sees it). PerfMonV2, live: its hardware status bit is recorded in the
+    /// (the guest still sees it). PerfMonV2, in use: its hardware status bit is recorded in the
     /// virtual status and acknowledged, so that a hardware status bit of a counter with INT
     /// always means an overflow that raised a PMI. Before PerfMonV2: an armed counter that
     /// already wrapped (top bit clear) is disarmed. `hw` as for `guest_write`.
@@ -140,29 +140,26 @@ impl AmdBackend {
         hw: Option<&mut B>,
         index: u32,
     ) -> Result<(), MsrFault> {
+        let counter = CounterSet::gp(index);
         let live = match hw {
-            Some(hw) if ctx.is_live(index) => hw,
+            Some(hw) if ctx.in_use.contains(counter) => hw,
             // Not on the hardware: the context's value is current, and the hardware status
             // holds nothing of this counter (it is clean between contexts).
             _ => {
-                if !self.pmu.has_perfmon_v2()
+                if !self.caps.has_perfmon_v2()
                     && ctx.counter(index).is_some_and(|v| v & COUNTER_TOP_BIT == 0)
                 {
-                    ctx.armed &= !bit(index);
+                    ctx.armed.0 &= !counter.0;
                 }
                 return Ok(());
             }
         };
-        if self.pmu.has_perfmon_v2() {
-            let silent = live.read(Msr(GLOBAL_STATUS))? & u64::from(bit(index));
-            if silent != 0 {
-                live.write(Msr(GLOBAL_STATUS_CLR), silent)?;
-                ctx.global_status |= silent;
-            }
-        } else if ctx.armed & bit(index) != 0
-            && live.read(self.pmu.counter_msr(index))? & COUNTER_TOP_BIT == 0
+        if self.caps.has_perfmon_v2() {
+            STATUS.fold(live, counter.0, counter.0, &mut ctx.global_status)?;
+        } else if ctx.armed.contains(counter)
+            && self.bank().read_counter(live, index)? & COUNTER_TOP_BIT == 0
         {
-            ctx.armed &= !bit(index);
+            ctx.armed.0 &= !counter.0;
         }
         Ok(())
     }
@@ -180,17 +177,17 @@ impl AmdBackend {
             self.retire_silent_overflow(ctx, hw.as_deref_mut(), index)?;
         }
         let starts = control.hardware & ctl::EN != 0;
-        let counter = ctx.counter(index).unwrap_or(0);
+        let counter = CounterSet::gp(index);
         match hw {
-            Some(hw) if ctx.is_live(index) => {
-                hw.write(self.pmu.control_msr(index), control.hardware)?;
+            Some(hw) if ctx.in_use.contains(counter) => {
+                hw.write(self.bank().control_msr(index), control.hardware)?;
             }
             Some(hw) if starts => {
                 // The hardware counter may hold another vCPU's value: program ours first.
-                let first = ctx.live == 0;
-                hw.write(self.pmu.counter_msr(index), counter)?;
-                hw.write(self.pmu.control_msr(index), control.hardware)?;
-                ctx.live |= bit(index);
+                let first = ctx.in_use.is_empty();
+                bank::write_counters(&self.msr_banks, ctx, counter, hw)?;
+                hw.write(self.bank().control_msr(index), control.hardware)?;
+                ctx.in_use = ctx.in_use.union(counter);
                 if first && self.global_on_hardware(ctx) {
                     hw.write(Msr(GLOBAL_CTL), ctx.global_ctl)?;
                 }
@@ -198,9 +195,9 @@ impl AmdBackend {
             Some(_) => {}
             None => {
                 if starts {
-                    ctx.live |= bit(index);
+                    ctx.in_use = ctx.in_use.union(counter);
                 } else {
-                    ctx.live &= !bit(index);
+                    ctx.in_use.0 &= !counter.0;
                 }
             }
         }
@@ -212,11 +209,11 @@ impl AmdBackend {
     }
 }
 
-impl PmuBackend for AmdBackend {
+impl PmuBackend for AmdPmu {
     type Context = AmdContext;
 
     fn capabilities(&self) -> &PmuCapabilities {
-        &self.caps
+        &self.capabilities
     }
 
     fn msr_ranges(&self) -> &'static [(u32, u32)] {
@@ -224,17 +221,17 @@ impl PmuBackend for AmdBackend {
     }
 
     fn new_context(&self) -> AmdContext {
-        AmdContext::reset(&self.pmu)
+        AmdContext::reset(&self.caps)
     }
 
     fn init_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault> {
         self.clean_hardware(hw)
     }
 
-    /// True while a counter is live: one is programmed to count, or one was stopped while
+    /// True while a counter is in use: one is programmed to count, or one was stopped while
     /// loaded and its value is still only on the hardware (the next `save` fetches it).
     fn is_active(&self, ctx: &AmdContext) -> bool {
-        ctx.live != 0
+        !ctx.in_use.is_empty()
     }
 
     fn guest_read<B: MsrBus>(
@@ -243,7 +240,7 @@ impl PmuBackend for AmdBackend {
         hw: Option<&mut B>,
         msr: Msr,
     ) -> Result<MsrOutcome<u64>, MsrFault> {
-        let register = match self.pmu.lookup(msr) {
+        let register = match self.caps.lookup(msr) {
             Lookup::NotPmu => return Ok(MsrOutcome::NotPmu),
             Lookup::Absent => return Ok(MsrOutcome::GeneralProtection),
             Lookup::Present(register) => register,
@@ -251,17 +248,19 @@ impl PmuBackend for AmdBackend {
         let value = match register {
             Register::Control(index) => ctx.control(index),
             Register::Counter(index) => match hw {
-                Some(hw) if ctx.is_live(index) => Some(hw.read(self.pmu.counter_msr(index))?),
+                Some(hw) if ctx.in_use.contains(CounterSet::gp(index)) => {
+                    Some(self.bank().read_counter(hw, index)?)
+                }
                 _ => ctx.counter(index),
             },
             Register::GlobalCtl => Some(ctx.global_ctl),
             Register::GlobalStatus => {
                 // Overflows since the last PMI are still only in the hardware register.
                 let pending = match hw {
-                    Some(hw) if ctx.live != 0 => hw.read(Msr(GLOBAL_STATUS))?,
+                    Some(hw) if !ctx.in_use.is_empty() => hw.read(Msr(GLOBAL_STATUS))?,
                     _ => 0,
                 };
-                Some(ctx.global_status | (pending & self.pmu.counter_mask()))
+                Some(ctx.global_status | (pending & self.caps.counter_mask()))
             }
             Register::GlobalStatusClr | Register::GlobalStatusSet => Some(0),
         };
@@ -277,20 +276,20 @@ impl PmuBackend for AmdBackend {
         msr: Msr,
         value: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
-        let register = match self.pmu.lookup(msr) {
+        let register = match self.caps.lookup(msr) {
             Lookup::NotPmu => return Ok(MsrOutcome::NotPmu),
             Lookup::Absent => return Ok(MsrOutcome::GeneralProtection),
             Lookup::Present(register) => register,
         };
-        let mask = self.pmu.counter_mask();
+        let mask = self.caps.counter_mask();
         match register {
             Register::Counter(index) => {
                 let Ok(value) = policy::counter(value) else {
                     return Ok(MsrOutcome::GeneralProtection);
                 };
                 if let Some(hw) = hw {
-                    if ctx.is_live(index) {
-                        hw.write(self.pmu.counter_msr(index), value)?;
+                    if ctx.in_use.contains(CounterSet::gp(index)) {
+                        self.bank().write_counter(hw, index, value)?;
                     }
                 }
                 ctx.set_counter(index as usize, value);
@@ -306,7 +305,7 @@ impl PmuBackend for AmdBackend {
                     return Ok(MsrOutcome::GeneralProtection);
                 };
                 if let Some(hw) = hw {
-                    if ctx.live != 0 && value != ctx.global_ctl {
+                    if !ctx.in_use.is_empty() && value != ctx.global_ctl {
                         hw.write(Msr(GLOBAL_CTL), value)?;
                     }
                 }
@@ -318,7 +317,7 @@ impl PmuBackend for AmdBackend {
             Register::GlobalStatusClr => {
                 let bits = policy::global_status_clear(value, mask);
                 if let Some(hw) = hw {
-                    if ctx.live != 0 && bits != 0 {
+                    if !ctx.in_use.is_empty() && bits != 0 {
                         hw.write(Msr(GLOBAL_STATUS_CLR), bits)?;
                     }
                 }
@@ -334,53 +333,38 @@ impl PmuBackend for AmdBackend {
         Ok(MsrOutcome::Handled(()))
     }
 
-    /// Stops and reads back the live counters: GlobalCtl ← 0 first (PerfMonV2: one write
-    /// stops them all), each live control ← 0, each live counter read, then the overflows
+    /// Stops and reads back the counters in use: GlobalCtl ← 0 first (PerfMonV2: one write
+    /// stops them all), each of their controls ← 0, each counter read, then the overflows
     /// collected as a PMI would: PerfMonV2's hardware status folded into the virtual one and
     /// cleared only if non-zero; before PerfMonV2 the top-bit rule applied to the values just
     /// read (disarming what it finds, so the wrap is reported once, here or at a PMI). Returns
     /// every overflow found, as a PMI would: one already in the virtual status (the guest has
-    /// not acknowledged it yet) that happened again raised a PMI again. Nothing live: no access
-    /// at all.
+    /// not acknowledged it yet) that happened again raised a PMI again. Nothing in use: no
+    /// access at all.
     fn save<B: MsrBus>(&self, ctx: &mut AmdContext, hw: &mut B) -> Result<Overflow, MsrFault> {
-        if ctx.live == 0 {
+        if ctx.in_use.is_empty() {
             return Ok(Overflow::default());
         }
         if self.global_on_hardware(ctx) {
             hw.write(Msr(GLOBAL_CTL), 0)?;
         }
-        for i in self.indices(ctx.live) {
-            if ctx.hw_ctl[i as usize] != 0 {
-                hw.write(self.pmu.control_msr(i), 0)?;
-            }
-        }
-        for i in self.indices(ctx.live) {
-            let value = hw.read(self.pmu.counter_msr(i))?;
-            if let Some(slot) = ctx.counters.get_mut(i as usize) {
-                *slot = value;
-            }
-        }
-        let found = self.collect_overflows(ctx, hw, CounterValues::Saved)?;
-        ctx.live = ctx.enabled_on_hardware();
-        Ok(self.overflow_of(ctx, found))
+        // Controls first: before PerfMonV2 there is no global stop, so clearing a control is
+        // what freezes its counter for the read.
+        let in_use = ctx.in_use;
+        bank::save(&self.msr_banks, ctx, in_use, SaveOrder::ControlsFirst, hw)?;
+        let overflow = self.collect_overflows(ctx, hw, CounterValues::Saved)?;
+        ctx.in_use = ctx.enabled_on_hardware();
+        Ok(overflow)
     }
 
-    /// Counters, then controls, then GlobalCtl — only for live counters. The virtual status
+    /// Counters, then controls, then GlobalCtl — only for counters in use. The virtual status
     /// stays in the context (guest reads combine it with the hardware's), so a counter that
     /// overflows again while its bit is pending still shows up as a new hardware status bit.
     fn load<B: MsrBus>(&self, ctx: &AmdContext, hw: &mut B) -> Result<(), MsrFault> {
-        if ctx.live == 0 {
+        if ctx.in_use.is_empty() {
             return Ok(());
         }
-        for i in self.indices(ctx.live) {
-            hw.write(self.pmu.counter_msr(i), ctx.counters[i as usize])?;
-        }
-        for i in self.indices(ctx.live) {
-            let control = ctx.hw_ctl[i as usize];
-            if control != 0 {
-                hw.write(self.pmu.control_msr(i), control)?;
-            }
-        }
+        bank::load(&self.msr_banks, ctx, ctx.in_use, hw)?;
         if self.global_on_hardware(ctx) {
             hw.write(Msr(GLOBAL_CTL), ctx.global_ctl)?;
         }
@@ -392,7 +376,7 @@ impl PmuBackend for AmdBackend {
     ///
     /// Before PerfMonV2 there is no status register. An overflow is recognised the way Linux
     /// does it: a counter written with its top bit (47) set that now reads with it clear has
-    /// wrapped. Only live, enabled counters with INT are read (only they raise a PMI). Limits:
+    /// wrapped. Only in-use, enabled counters with INT are read (only they raise a PMI). Limits:
     /// a counter armed with bit 47 clear (a period above 2^47) or one that wraps past bit 47
     /// again before the PMI is handled is not recognised; the guest's own driver, which applies
     /// the same rule to the values it reads, is the final judge, as in Xen.
@@ -401,17 +385,16 @@ impl PmuBackend for AmdBackend {
         ctx: &mut AmdContext,
         hw: &mut B,
     ) -> Result<Overflow, MsrFault> {
-        if ctx.live == 0 {
+        if ctx.in_use.is_empty() {
             return Ok(Overflow::default());
         }
-        let overflowed = self.collect_overflows(ctx, hw, CounterValues::Hardware)?;
-        Ok(self.overflow_of(ctx, overflowed))
+        self.collect_overflows(ctx, hw, CounterValues::Hardware)
     }
 
     /// Recomputes each control's hardware image with [`policy::restricted_control`]: the
     /// WRMSR validator's image where it still accepts the guest value, an image that cannot
     /// count (HostOnly dropped, GuestOnly forced, EN clear) where it now refuses it. The guest
-    /// values stay; `live` follows the new images (the context is saved).
+    /// values stay; `in_use` follows the new images (the context is saved).
     fn restrict(
         &self,
         ctx: &mut AmdContext,
@@ -419,7 +402,7 @@ impl PmuBackend for AmdBackend {
     ) -> Option<ContextError> {
         let mut first = None;
         let controls = ctx.guest_ctl.iter().zip(&mut ctx.hw_ctl);
-        for (index, (&guest, hardware)) in (0..self.pmu.counters()).zip(controls) {
+        for (index, (&guest, hardware)) in (0..self.caps.gp_counters()).zip(controls) {
             let control = policy::restricted_control(guest, guest_policy).unwrap_or_else(|c| {
                 first = first.or(Some(ContextError {
                     register: "ctrl",
@@ -430,7 +413,7 @@ impl PmuBackend for AmdBackend {
             });
             *hardware = control.hardware;
         }
-        ctx.live = ctx.enabled_on_hardware();
+        ctx.in_use = ctx.enabled_on_hardware();
         first
     }
 
@@ -439,11 +422,11 @@ impl PmuBackend for AmdBackend {
     }
 
     fn page_layout(&self) -> VendorLayout {
-        VendorLayout::Amd(self.banks)
+        VendorLayout::Amd(self.page_banks)
     }
 
     fn context_to_page(&self, ctx: &AmdContext, area: &mut VendorArea) {
-        ctx.to_page(&self.pmu, &self.banks, area);
+        ctx.to_page(&self.caps, &self.page_banks, area);
     }
 
     fn context_from_page(
@@ -452,6 +435,6 @@ impl PmuBackend for AmdBackend {
         saved: &AmdContext,
         guest_policy: &GuestPolicy<'_>,
     ) -> Result<AmdContext, ContextError> {
-        AmdContext::from_page(&self.pmu, &self.banks, area, saved, guest_policy)
+        AmdContext::from_page(&self.caps, &self.page_banks, area, saved, guest_policy)
     }
 }

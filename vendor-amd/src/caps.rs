@@ -9,7 +9,8 @@
 //! every shape.
 
 use raw_cpuid::{CpuId, CpuIdReader};
-use vpmu::{Msr, PmuCapabilities, Vendor};
+use vpmu::bank::{BankMap, Controls, MsrSeries};
+use vpmu::{CounterSet, Msr, PmuCapabilities, Vendor};
 
 use crate::msrs::{
     self, Block, COUNTER_WIDTH, EXT_PERF_CTL0, K7_COUNTERS, K7_PERF_CTL0, K7_PERF_CTR0,
@@ -37,8 +38,6 @@ pub enum EnumerationError {
     NotAmd,
     /// PerfMonV2 is advertised with zero core counters.
     NoCounters,
-    /// The counters do not fit the shared page's vendor area (cannot happen for ≤ 6 counters).
-    PageLayout(vpmu::abi::AbiError),
 }
 
 impl core::fmt::Display for EnumerationError {
@@ -46,12 +45,13 @@ impl core::fmt::Display for EnumerationError {
         match self {
             EnumerationError::NotAmd => f.write_str("CPU vendor is not AMD or Hygon"),
             EnumerationError::NoCounters => f.write_str("PerfMonV2 with no core counters"),
-            EnumerationError::PageLayout(e) => write!(f, "counters do not fit the page: {e:?}"),
         }
     }
 }
 
-/// What [`AmdPmu::lookup`] found for an MSR number.
+impl core::error::Error for EnumerationError {}
+
+/// What [`AmdCaps::lookup`] found for an MSR number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Lookup {
     /// Not an AMD core-PMU MSR.
@@ -62,16 +62,16 @@ pub enum Lookup {
     Present(Register),
 }
 
-/// An enumerated AMD core PMU.
+/// The enumerated AMD core PMU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct AmdPmu {
+pub struct AmdCaps {
     shape: PmuShape,
 }
 
-impl AmdPmu {
+impl AmdCaps {
     /// The PMU of `shape`. PerfMonV2's counter count is clipped to [`MAX_COUNTERS`]; zero is an
     /// error.
-    pub fn new(shape: PmuShape) -> Result<Self, EnumerationError> {
+    pub fn from_shape(shape: PmuShape) -> Result<Self, EnumerationError> {
         let shape = match shape {
             PmuShape::PerfMonV2 { counters: 0 } => return Err(EnumerationError::NoCounters),
             PmuShape::PerfMonV2 { counters } => PmuShape::PerfMonV2 {
@@ -82,16 +82,18 @@ impl AmdPmu {
         Ok(Self { shape })
     }
 
-    /// Enumerates from CPUID (real or a custom reader). Requires an AMD or Hygon vendor string:
-    /// raw-cpuid only decodes the AMD leaves for those.
-    pub fn from_cpuid<R: CpuIdReader>(cpuid: &CpuId<R>) -> Result<Self, EnumerationError> {
+    /// Enumerates through `reader` (raw-cpuid's `CpuIdReader`: the native CPUID, a closure, a
+    /// table). Requires an AMD or Hygon vendor string: raw-cpuid only decodes the AMD leaves
+    /// for those.
+    pub fn from_cpuid<R: CpuIdReader>(reader: R) -> Result<Self, EnumerationError> {
+        let cpuid = CpuId::with_cpuid_reader(reader);
         let vendor = cpuid.get_vendor_info().ok_or(EnumerationError::NotAmd)?;
         if !matches!(vendor.as_str(), "AuthenticAMD" | "HygonGenuine") {
             return Err(EnumerationError::NotAmd);
         }
         if let Some(leaf) = cpuid.get_extended_performance_monitoring_and_debug() {
             if leaf.has_perf_mon_v2() {
-                return Self::new(PmuShape::PerfMonV2 {
+                return Self::from_shape(PmuShape::PerfMonV2 {
                     counters: leaf.num_perf_ctr_core(),
                 });
             }
@@ -99,7 +101,7 @@ impl AmdPmu {
         let ext_core = cpuid
             .get_extended_processor_and_feature_identifiers()
             .is_some_and(|f| f.has_perf_cntr_extensions());
-        Self::new(if ext_core {
+        Self::from_shape(if ext_core {
             PmuShape::PerfCtrExtCore
         } else {
             PmuShape::LegacyK7
@@ -111,8 +113,8 @@ impl AmdPmu {
         self.shape
     }
 
-    /// Number of core counters.
-    pub fn counters(&self) -> u32 {
+    /// Number of core counters (the general-purpose counters of [`PmuCapabilities`]).
+    pub fn gp_counters(&self) -> u32 {
         match self.shape {
             PmuShape::LegacyK7 => K7_COUNTERS,
             PmuShape::PerfCtrExtCore => MAX_COUNTERS,
@@ -123,7 +125,12 @@ impl AmdPmu {
     /// Bits `0..counters`: the counters in the global index space, and the defined bits of
     /// the PerfMonV2 global registers.
     pub fn counter_mask(&self) -> u64 {
-        (1u64 << self.counters()) - 1
+        (1u64 << self.gp_counters()) - 1
+    }
+
+    /// Every present counter as a [`CounterSet`] (the bits of [`AmdCaps::counter_mask`]).
+    pub fn all_counters(&self) -> CounterSet {
+        CounterSet(self.counter_mask())
     }
 
     /// Whether the interleaved PerfCtrExtCore MSRs exist.
@@ -136,12 +143,12 @@ impl AmdPmu {
         matches!(self.shape, PmuShape::PerfMonV2 { .. })
     }
 
-    /// The vendor-neutral description.
-    pub fn capabilities(&self) -> PmuCapabilities {
+    /// The vendor-neutral summary the core works with.
+    pub fn pmu_capabilities(&self) -> PmuCapabilities {
         PmuCapabilities {
             vendor: Vendor::Amd,
             version: if self.has_perfmon_v2() { 2 } else { 1 },
-            gp_counters: self.counters() as u8,
+            gp_counters: self.gp_counters() as u8,
             gp_width: COUNTER_WIDTH as u8,
             fixed_counters: 0,
             fixed_width: 0,
@@ -161,7 +168,7 @@ impl AmdPmu {
             Block::Global => self.has_perfmon_v2(),
         };
         let index_present = match register {
-            Register::Control(i) | Register::Counter(i) => i < self.counters(),
+            Register::Control(i) | Register::Counter(i) => i < self.gp_counters(),
             _ => true,
         };
         if block_present && index_present {
@@ -171,22 +178,97 @@ impl AmdPmu {
         }
     }
 
-    /// The MSR this backend uses for PERF_CTL `index`: the interleaved one when present, else
-    /// the K7 one.
-    pub fn control_msr(&self, index: u32) -> Msr {
-        if self.has_ext_core() {
-            Msr(EXT_PERF_CTL0 + 2 * index)
+    /// The one counter bank as the backend drives it: the interleaved PerfCtrExtCore MSRs when
+    /// present, else the K7 ones (which alias counters 0–3 anyway).
+    pub fn banks(&self) -> [BankMap; 1] {
+        let (controls, counters) = if self.has_ext_core() {
+            (
+                MsrSeries::new(EXT_PERF_CTL0, 2),
+                MsrSeries::new(EXT_PERF_CTL0 + 1, 2),
+            )
         } else {
-            Msr(K7_PERF_CTL0 + index)
-        }
+            (
+                MsrSeries::new(K7_PERF_CTL0, 1),
+                MsrSeries::new(K7_PERF_CTR0, 1),
+            )
+        };
+        [BankMap {
+            first_bit: 0,
+            counters,
+            counter_writes: counters,
+            controls: Controls::PerCounter(controls),
+            // The bits above the 48 counter bits read as 0: nothing to mask.
+            value_mask: u64::MAX,
+        }]
     }
 
-    /// The MSR this backend uses for PERF_CTR `index` (see [`AmdPmu::control_msr`]).
+    /// The MSR this backend uses for PERF_CTL `index` (see [`AmdCaps::banks`]).
+    pub fn control_msr(&self, index: u32) -> Msr {
+        self.banks()[0].control_msr(index)
+    }
+
+    /// The MSR this backend uses for PERF_CTR `index` (see [`AmdCaps::banks`]).
     pub fn counter_msr(&self, index: u32) -> Msr {
-        if self.has_ext_core() {
-            Msr(EXT_PERF_CTL0 + 2 * index + 1)
-        } else {
-            Msr(K7_PERF_CTR0 + index)
+        self.banks()[0].counters.at(index)
+    }
+}
+
+/// CPUID `0x8000_0001` ECX bit 23, PerfCtrExtCore: the six interleaved core counters (APM
+/// vol. 3, appendix E.4.2).
+pub const CPUID_PERF_CTR_EXT_CORE: u32 = 1 << 23;
+/// The extended CPUID leaf of PerfMonV2 and the core counter count (APM vol. 3, E.4.21).
+pub const CPUID_PERFMON_LEAF: u32 = 0x8000_0022;
+/// CPUID `0x8000_0022` EAX bit 0, PerfMonV2.
+pub const CPUID_PERFMON_V2: u32 = 1 << 0;
+
+/// The PMU's part of an AMD guest's CPUID, from [`AmdCaps::guest_leaves`]. The integrator
+/// edits its CPUID table with it; every other bit of those leaves is its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AmdGuestLeaves {
+    /// The bits of `0x8000_0001` ECX the PMU owns: PerfCtrExtCore (bit 23).
+    pub ext_features_mask: u32,
+    /// Their values.
+    pub ext_features: u32,
+    /// The least `0x8000_0000` EAX (max extended leaf) under which `0x8000_0022` is visible.
+    /// Needed even without PerfMonV2: the zeroed leaf is what says so.
+    pub max_extended_leaf: u32,
+    /// `0x8000_0022` EAX, EBX, ECX, EDX. EAX bit 0 PerfMonV2 (bits 1 LbrStack and 2
+    /// LbrAndPmcFreeze stay 0: no LBR is virtualised); EBX bits 3:0 NumPerfCtrCore (bits 9:4
+    /// LbrStackSize, 15:10 NumPerfCtrNB and 21:16 NumPerfCtrUmc stay 0); ECX and EDX reserved.
+    /// All zero without PerfMonV2.
+    pub perfmon: [u32; 4],
+}
+
+impl AmdGuestLeaves {
+    /// The guest's `0x8000_0001` ECX: `ecx` with the PMU's bits replaced.
+    pub fn edit_ext_features(&self, ecx: u32) -> u32 {
+        (ecx & !self.ext_features_mask) | self.ext_features
+    }
+
+    /// The guest's `0x8000_0000` EAX: `eax`, raised to [`AmdGuestLeaves::max_extended_leaf`].
+    pub fn edit_max_extended_leaf(&self, eax: u32) -> u32 {
+        eax.max(self.max_extended_leaf)
+    }
+}
+
+impl AmdCaps {
+    /// The CPUID bits that describe this PMU to a guest. Enumerating them ([`AmdCaps::from_cpuid`])
+    /// gives this PMU back: PerfMonV2 with its counter count, else PerfCtrExtCore from
+    /// `0x8000_0001` ECX, else the K7 counters. Reserved fields are 0.
+    pub fn guest_leaves(&self) -> AmdGuestLeaves {
+        let perfmon = match self.shape {
+            PmuShape::PerfMonV2 { counters } => [CPUID_PERFMON_V2, u32::from(counters) & 0xf, 0, 0],
+            PmuShape::LegacyK7 | PmuShape::PerfCtrExtCore => [0; 4],
+        };
+        AmdGuestLeaves {
+            ext_features_mask: CPUID_PERF_CTR_EXT_CORE,
+            ext_features: if self.has_ext_core() {
+                CPUID_PERF_CTR_EXT_CORE
+            } else {
+                0
+            },
+            max_extended_leaf: CPUID_PERFMON_LEAF,
+            perfmon,
         }
     }
 }
@@ -229,8 +311,8 @@ mod tests {
         }
     }
 
-    fn enumerate(table: &[(u32, u32, CpuIdResult)]) -> Result<AmdPmu, EnumerationError> {
-        AmdPmu::from_cpuid(&CpuId::with_cpuid_reader(Table(table)))
+    fn enumerate(table: &[(u32, u32, CpuIdResult)]) -> Result<AmdCaps, EnumerationError> {
+        AmdCaps::from_cpuid(Table(table))
     }
 
     fn ext_max(max: u32) -> (u32, u32, CpuIdResult) {
@@ -245,7 +327,7 @@ mod tests {
         (0x8000_0022, 0, CpuIdResult { eax, ebx, ..ZERO })
     }
 
-    const PERF_CTR_EXT_CORE: u32 = 1 << 23;
+    const PERF_CTR_EXT_CORE: u32 = CPUID_PERF_CTR_EXT_CORE;
 
     #[test]
     fn k7_only_cpu_has_four_legacy_counters() {
@@ -257,8 +339,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(pmu.shape(), PmuShape::LegacyK7);
-        assert_eq!(pmu.counters(), 4);
-        let caps = pmu.capabilities();
+        assert_eq!(pmu.gp_counters(), 4);
+        let caps = pmu.pmu_capabilities();
         assert_eq!(
             (
                 caps.version,
@@ -282,9 +364,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(pmu.shape(), PmuShape::PerfCtrExtCore);
-        assert_eq!(pmu.counters(), 6);
+        assert_eq!(pmu.gp_counters(), 6);
         assert!(pmu.has_ext_core() && !pmu.has_perfmon_v2());
-        assert_eq!(pmu.capabilities().version, 1);
+        assert_eq!(pmu.pmu_capabilities().version, 1);
         assert_eq!(pmu.control_msr(5), Msr(0xC001_020A));
         assert_eq!(pmu.counter_msr(5), Msr(0xC001_020B));
     }
@@ -311,7 +393,7 @@ mod tests {
             ])
             .unwrap();
             assert_eq!(pmu.shape(), PmuShape::PerfMonV2 { counters: expected });
-            let caps = pmu.capabilities();
+            let caps = pmu.pmu_capabilities();
             assert_eq!(
                 (caps.version, caps.gp_counters, caps.global_ctrl),
                 (2, expected, true)
@@ -329,7 +411,7 @@ mod tests {
             perfmon(1, 0xf),
         ])
         .unwrap();
-        assert_eq!(pmu.counters(), 6);
+        assert_eq!(pmu.gp_counters(), 6);
         assert_eq!(
             pmu.lookup(Msr(0xC001_020B)),
             Lookup::Present(Register::Counter(5))
@@ -411,7 +493,7 @@ mod tests {
             },
             _ => ZERO,
         };
-        let backend = crate::AmdBackend::from_cpuid(&CpuId::with_cpuid_reader(reader)).unwrap();
+        let backend = crate::AmdPmu::from_cpuid(reader).unwrap();
         let caps = backend.capabilities();
         assert_eq!(
             (caps.version, caps.gp_counters, caps.global_ctrl),
@@ -426,9 +508,9 @@ mod tests {
 
     #[test]
     fn lookup_follows_the_shape() {
-        let k7 = AmdPmu::new(PmuShape::LegacyK7).unwrap();
-        let ext = AmdPmu::new(PmuShape::PerfCtrExtCore).unwrap();
-        let v2_3 = AmdPmu::new(PmuShape::PerfMonV2 { counters: 3 }).unwrap();
+        let k7 = AmdCaps::from_shape(PmuShape::LegacyK7).unwrap();
+        let ext = AmdCaps::from_shape(PmuShape::PerfCtrExtCore).unwrap();
+        let v2_3 = AmdCaps::from_shape(PmuShape::PerfMonV2 { counters: 3 }).unwrap();
         let ctl = |n| Lookup::Present(Register::Control(n));
         let ctr = |n| Lookup::Present(Register::Counter(n));
 
@@ -453,5 +535,56 @@ mod tests {
 
         assert_eq!(ext.lookup(Msr(0x186)), Lookup::NotPmu);
         assert_eq!(ext.lookup(Msr(0xC001_0008)), Lookup::NotPmu);
+    }
+
+    #[test]
+    fn guest_leaves_enumerate_to_the_same_caps() {
+        let shapes = [
+            PmuShape::LegacyK7,
+            PmuShape::PerfCtrExtCore,
+            PmuShape::PerfMonV2 { counters: 1 },
+            PmuShape::PerfMonV2 { counters: 4 },
+            PmuShape::PerfMonV2 { counters: 6 },
+        ];
+        for shape in shapes {
+            let caps = AmdCaps::from_shape(shape).unwrap();
+            let leaves = caps.guest_leaves();
+            // A host CPU with every PMU bit set, edited into the guest's view.
+            let host_ecx = PERF_CTR_EXT_CORE | 1 << 2;
+            let ecx = leaves.edit_ext_features(host_ecx);
+            assert_eq!(ecx & 1 << 2, 1 << 2, "other bits are the integrator's");
+            let [eax, ebx, ecx_v2, edx] = leaves.perfmon;
+            let table = [
+                (0, 0, vendor_leaf(b"AuthenticAMD")),
+                ext_max(leaves.edit_max_extended_leaf(0x8000_001e)),
+                ext_features(ecx),
+                (
+                    CPUID_PERFMON_LEAF,
+                    0,
+                    CpuIdResult {
+                        eax,
+                        ebx,
+                        ecx: ecx_v2,
+                        edx,
+                    },
+                ),
+            ];
+            assert_eq!(enumerate(&table), Ok(caps), "{shape:?}");
+        }
+    }
+
+    #[test]
+    fn guest_leaves_state_the_apm_bits() {
+        let v2 = AmdCaps::from_shape(PmuShape::PerfMonV2 { counters: 5 }).unwrap();
+        let leaves = v2.guest_leaves();
+        assert_eq!(leaves.perfmon, [1, 5, 0, 0]);
+        assert_eq!(leaves.ext_features, 1 << 23);
+        assert_eq!(leaves.edit_max_extended_leaf(0x8000_0028), 0x8000_0028);
+        let k7 = AmdCaps::from_shape(PmuShape::LegacyK7)
+            .unwrap()
+            .guest_leaves();
+        assert_eq!((k7.perfmon, k7.ext_features), ([0; 4], 0));
+        assert_eq!(k7.edit_ext_features(u32::MAX), !(1 << 23));
+        assert_eq!(k7.edit_max_extended_leaf(0x8000_0008), 0x8000_0022);
     }
 }

@@ -1,9 +1,10 @@
 //! A vCPU's AMD PMU state, and its conversion to and from the shared page's vendor area.
 
 use vpmu::abi::{AmdBanks, AmdCtxt, VendorArea};
+use vpmu::bank::CounterBanks;
 use vpmu::{ContextError, CounterSet, GuestPolicy};
 
-use crate::caps::AmdPmu;
+use crate::caps::AmdCaps;
 use crate::msrs::{COUNTER_TOP_BIT, MAX_COUNTERS, ctl};
 use crate::policy;
 
@@ -15,7 +16,7 @@ const N: usize = MAX_COUNTERS as usize;
 /// shows) and as they go to the hardware (GuestOnly forced, EN cleared for filtered events), so
 /// policy is applied once, at write time.
 ///
-/// `live` is the set of counters whose value is on the hardware while the context is loaded:
+/// `in_use` is the set of counters whose value is on the hardware while the context is loaded:
 /// at rest it is exactly the counters with EN in their hardware control; while loaded it only
 /// grows (a counter the guest stops keeps its value on the hardware until the next save).
 /// Counters outside it are read from and written to the context alone, which is what keeps a
@@ -27,29 +28,29 @@ pub struct AmdContext {
     pub(crate) hw_ctl: [u64; N],
     pub(crate) global_ctl: u64,
     pub(crate) global_status: u64,
-    pub(crate) live: u8,
+    pub(crate) in_use: CounterSet,
     /// Pre-PerfMonV2 overflow detection: counters last written with the top bit set, not yet
     /// seen wrapped.
-    pub(crate) armed: u8,
+    pub(crate) armed: CounterSet,
 }
 
 impl AmdContext {
-    /// The reset state of `pmu`: everything zero, except PerfMonV2's GlobalCtl which resets to
+    /// The reset state of `caps`: everything zero, except PerfMonV2's GlobalCtl which resets to
     /// all counters enabled (KVM's `GENMASK(nr - 1, 0)`, emulating the hardware RESET value so
     /// that software written for the version-1 PMU counts without knowing GlobalCtl).
-    pub(crate) fn reset(pmu: &AmdPmu) -> Self {
+    pub(crate) fn reset(caps: &AmdCaps) -> Self {
         Self {
             counters: [0; N],
             guest_ctl: [0; N],
             hw_ctl: [0; N],
-            global_ctl: if pmu.has_perfmon_v2() {
-                pmu.counter_mask()
+            global_ctl: if caps.has_perfmon_v2() {
+                caps.counter_mask()
             } else {
                 0
             },
             global_status: 0,
-            live: 0,
-            armed: 0,
+            in_use: CounterSet::EMPTY,
+            armed: CounterSet::EMPTY,
         }
     }
 
@@ -78,45 +79,41 @@ impl AmdContext {
         self.global_status
     }
 
-    /// Counters whose value lives on the hardware while loaded.
-    pub fn live_counters(&self) -> CounterSet {
-        CounterSet(u64::from(self.live))
+    /// Counters whose value lives on the hardware while loaded: the ones save and load touch.
+    pub fn in_use(&self) -> CounterSet {
+        self.in_use
     }
 
-    pub(crate) fn is_live(&self, index: u32) -> bool {
-        self.live & bit(index) != 0
-    }
-
-    /// The counters whose hardware control has EN: what must be live at the next load.
-    pub(crate) fn enabled_on_hardware(&self) -> u8 {
+    /// The counters whose hardware control has EN: what must be in use at the next load.
+    pub(crate) fn enabled_on_hardware(&self) -> CounterSet {
         (0..MAX_COUNTERS)
             .filter(|&i| self.hw_ctl[i as usize] & ctl::EN != 0)
-            .fold(0, |set, i| set | bit(i))
+            .fold(CounterSet::EMPTY, |set, i| set.union(CounterSet::gp(i)))
     }
 
     pub(crate) fn set_counter(&mut self, index: usize, value: u64) {
         if let Some(slot) = self.counters.get_mut(index) {
             *slot = value;
-            let mask = bit(index as u32);
+            let counter = CounterSet::gp(index as u32);
             if value & COUNTER_TOP_BIT != 0 {
-                self.armed |= mask;
+                self.armed = self.armed.union(counter);
             } else {
-                self.armed &= !mask;
+                self.armed.0 &= !counter.0;
             }
         }
     }
 
     /// Writes this context into `area` through the backend's own `banks`.
-    pub(crate) fn to_page(&self, pmu: &AmdPmu, banks: &AmdBanks, area: &mut VendorArea) {
+    pub(crate) fn to_page(&self, caps: &AmdCaps, banks: &AmdBanks, area: &mut VendorArea) {
         let mut fixed = AmdCtxt::default();
         banks.describe_in(&mut fixed);
-        if pmu.has_perfmon_v2() {
+        if caps.has_perfmon_v2() {
             fixed.global_ctrl = self.global_ctl;
             fixed.global_status = self.global_status;
         }
         area.set_amd_ctxt(&fixed);
-        for i in 0..pmu.counters() as usize {
-            // Cannot fail: `banks` was built for exactly `pmu.counters()` counters, and both
+        for i in 0..caps.gp_counters() as usize {
+            // Cannot fail: `banks` was built for exactly `caps.gp_counters()` counters, and both
             // arrays hold `MAX_COUNTERS` ≥ that many.
             let _ = banks.set_counter(area, i, self.counters[i]);
             let _ = banks.set_ctrl(area, i, self.guest_ctl[i]);
@@ -129,14 +126,14 @@ impl AmdContext {
     /// it published it is not refused but restricted ([`policy::restricted_control`]), so an
     /// unedited page flushes whatever the policy became since.
     pub(crate) fn from_page(
-        pmu: &AmdPmu,
+        caps: &AmdCaps,
         banks: &AmdBanks,
         area: &VendorArea,
         saved: &AmdContext,
         guest_policy: &GuestPolicy<'_>,
     ) -> Result<Self, ContextError> {
-        let mut ctx = Self::reset(pmu);
-        for i in 0..pmu.counters() as usize {
+        let mut ctx = Self::reset(caps);
+        for i in 0..caps.gp_counters() as usize {
             let index = Some(i as u32);
             let refused = |register, value| ContextError {
                 register,
@@ -161,8 +158,8 @@ impl AmdContext {
             index: None,
             value,
         };
-        if pmu.has_perfmon_v2() {
-            ctx.global_ctl = policy::global_ctl(fixed.global_ctrl, pmu.counter_mask())
+        if caps.has_perfmon_v2() {
+            ctx.global_ctl = policy::global_ctl(fixed.global_ctrl, caps.counter_mask())
                 .map_err(|_| refused("global_ctrl", fixed.global_ctrl))?;
             ctx.global_status =
                 policy::global_status_from_page(fixed.global_status, saved.global_status)
@@ -176,11 +173,27 @@ impl AmdContext {
                 return Err(refused("global_status", fixed.global_status));
             }
         }
-        ctx.live = ctx.enabled_on_hardware();
+        ctx.in_use = ctx.enabled_on_hardware();
         Ok(ctx)
     }
 }
 
-pub(crate) const fn bit(index: u32) -> u8 {
-    1 << (index & 7)
+/// The one bank of [`AmdCaps::banks`], for the core's save/load loops.
+impl CounterBanks for AmdContext {
+    fn values(&self, _bank: usize) -> &[u64] {
+        &self.counters
+    }
+
+    fn values_mut(&mut self, _bank: usize) -> &mut [u64] {
+        &mut self.counters
+    }
+
+    fn hardware_controls(&self, _bank: usize) -> &[u64] {
+        &self.hw_ctl
+    }
+
+    fn interrupt_enabled(&self, _bank: usize, index: u32) -> bool {
+        self.control(index)
+            .is_some_and(|control| control & ctl::INT != 0)
+    }
 }

@@ -1,8 +1,23 @@
 //! # vpmu-amd: the AMD PMU backend
 //!
-//! Enumeration ([`AmdPmu`]: legacy K7, PerfCtrExtCore, PerfMonV2), the MSR map ([`msrs`]), write
-//! legality ([`policy`]), save/restore and overflow detection ([`AmdBackend`]) for AMD and Hygon
-//! core PMUs; and, behind the `model` feature, a software AMD PMU (`model::AmdPmuModel`).
+//! [`AmdPmu`] implements the core's [`vpmu::PmuBackend`] for AMD and Hygon core PMUs:
+//! enumeration ([`AmdCaps`], from CPUID: legacy K7, PerfCtrExtCore, PerfMonV2), the MSR map
+//! ([`msrs`]), write legality ([`policy`]), save/restore and overflow detection, and the shared
+//! page's vendor area; [`AmdCaps::guest_leaves`] gives the CPUID bits that describe the PMU to a
+//! guest. Behind the `model` feature, a software AMD PMU (`model::AmdPmuModel`).
+//!
+//! ```
+//! # fn main() -> Result<(), vpmu_amd::BackendError> {
+//! # let reader = |leaf: u32, _: u32| match leaf {
+//! #     0 => raw_cpuid::CpuIdResult { eax: 0x10, ebx: 0x6874_7541, ecx: 0x444d_4163, edx: 0x6974_6e65 },
+//! #     _ => raw_cpuid::CpuIdResult { eax: 0, ebx: 0, ecx: 0, edx: 0 },
+//! # };
+//! let caps = vpmu_amd::AmdCaps::from_cpuid(reader)?; // or raw_cpuid::CpuIdReaderNative
+//! let pmu = vpmu_amd::AmdPmu::new(caps)?;
+//! assert_eq!(pmu.caps().gp_counters(), 4);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! ## Policy
 //!
@@ -54,8 +69,8 @@
 //! INTEL_BTS) describe Intel facilities and are ignored on AMD.
 //!
 //! **Save/load.** At rest the hardware is clean: every control 0 and, with PerfMonV2,
-//! GlobalCtl 0 and no status bit ([`AmdBackend::clean_hardware`] establishes it once per CPU).
-//! Only *live* counters (those programmed to count) are touched: `save` stops them (GlobalCtl
+//! GlobalCtl 0 and no status bit ([`AmdPmu::clean_hardware`] establishes it once per CPU).
+//! Only counters *in use* (those programmed to count) are touched: `save` stops them (GlobalCtl
 //! first), reads them and collects their overflows as a PMI would (PerfMonV2's status folded;
 //! before it the top-bit rule), returning those not already recorded so that a PMI raised but
 //! not yet handled at the switch is not lost; `load` writes counters, then controls, then
@@ -71,7 +86,7 @@
 //! the same way, so an unedited page always flushes; an edited one is validated as a WRMSR.
 //!
 //! **Overflow.** With PerfMonV2 from GlobalStatus; before it from the counter's top bit
-//! (Linux's rule; limits in [`AmdBackend`]'s `handle_overflow`). AMD does not mask the LVTPC on
+//! (Linux's rule; limits in [`AmdPmu`]'s `handle_overflow`). AMD does not mask the LVTPC on
 //! PMI delivery.
 #![no_std]
 #![forbid(unsafe_code)]
@@ -86,8 +101,11 @@ pub mod policy;
 #[cfg(any(test, feature = "model"))]
 pub mod model;
 
-pub use backend::AmdBackend;
-pub use caps::{AmdPmu, EnumerationError, Lookup, PmuShape};
+pub use backend::{AmdPmu, BackendError};
+pub use caps::{
+    AmdCaps, AmdGuestLeaves, CPUID_PERF_CTR_EXT_CORE, CPUID_PERFMON_LEAF, CPUID_PERFMON_V2,
+    EnumerationError, Lookup, PmuShape,
+};
 pub use context::AmdContext;
 #[cfg(any(test, feature = "model"))]
 pub use model::{AmdPmuModel, ModelRegisters};

@@ -36,7 +36,7 @@
 
 use vpmu::{ExecMode, HwEvent, Msr, MsrAccessStats, MsrBus, MsrFault, SoftwarePmu};
 
-use crate::caps::AmdPmu;
+use crate::caps::AmdCaps;
 use crate::msrs::{
     COUNTER_MASK, COUNTER_WIDTH, EXT_PERF_CTL0, GLOBAL_CTL, GLOBAL_STATUS, GLOBAL_STATUS_CLR,
     GLOBAL_STATUS_SET, K7_PERF_CTL0, K7_PERF_CTR0, MAX_COUNTERS, ctl,
@@ -82,13 +82,13 @@ pub struct AmdPmuModel {
 }
 
 impl AmdPmuModel {
-    /// A model of `pmu` in its reset state.
-    pub fn new(pmu: &AmdPmu) -> Self {
-        let counters = (pmu.counters() as usize).min(N);
-        let v2 = pmu.has_perfmon_v2();
+    /// A model of the PMU `caps` describes, in its reset state.
+    pub fn new(caps: AmdCaps) -> Self {
+        let counters = (caps.gp_counters() as usize).min(N);
+        let v2 = caps.has_perfmon_v2();
         Self {
             counters,
-            ext_core: pmu.has_ext_core(),
+            ext_core: caps.has_ext_core(),
             v2,
             regs: ModelRegisters {
                 counters: counters as u32,
@@ -305,7 +305,7 @@ mod tests {
     };
 
     fn model(shape: PmuShape) -> AmdPmuModel {
-        AmdPmuModel::new(&AmdPmu::new(shape).unwrap())
+        AmdPmuModel::new(AmdCaps::from_shape(shape).unwrap())
     }
 
     #[test]

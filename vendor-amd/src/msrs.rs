@@ -2,7 +2,7 @@
 //! into the register it names.
 //!
 //! Decoding here is architectural only ("which register would this be"); whether the enumerated
-//! PMU has it is [`crate::AmdPmu::lookup`]'s business.
+//! PMU has it is [`crate::AmdCaps::lookup`]'s business.
 
 use vpmu::{Msr, RawEvent};
 

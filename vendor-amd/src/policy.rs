@@ -1,6 +1,6 @@
 //! Write legality: the one validator per register kind.
 //!
-//! Both a guest WRMSR ([`crate::AmdBackend`]'s `guest_write`) and a flush of a guest-edited
+//! Both a guest WRMSR ([`crate::AmdPmu`]'s `guest_write`) and a flush of a guest-edited
 //! page (`context_from_page`) go through these functions and nothing else, so the two paths
 //! cannot disagree about what a register may hold (Xen XSA-269: "it is not possible to have two
 //! different pieces of code responsible for different parts of value checking").

@@ -8,7 +8,7 @@ use vpmu::{
     AllowAll, CounterSet, EventFilter, GuestPolicy, HwEvent, Msr, MsrBus, MsrOutcome, PmuBackend,
     RawEvent, SoftwarePmu,
 };
-use vpmu_amd::{AmdBackend, AmdPmuModel, PmuShape};
+use vpmu_amd::{AmdPmu, AmdPmuModel, PmuShape};
 
 const GP: MsrOutcome<()> = MsrOutcome::GeneralProtection;
 const GP_READ: MsrOutcome<u64> = MsrOutcome::GeneralProtection;
@@ -20,7 +20,7 @@ const GP_READ: MsrOutcome<u64> = MsrOutcome::GeneralProtection;
 fn counters_beyond_the_enumerated_count_fault_through_every_alias() {
     for shape in SHAPES {
         let mut vcpu = Vcpu::new(shape);
-        let n = pmu(shape).counters();
+        let n = pmu(shape).gp_counters();
         for i in 0..8u32 {
             let mut msrs = vec![];
             if i < 4 {
@@ -43,7 +43,7 @@ fn counters_beyond_the_enumerated_count_fault_through_every_alias() {
                     assert_eq!(vcpu.hw.access_stats(), before, "a #GP touches no hardware");
                 }
                 // The model, as hardware, agrees on presence.
-                let mut bare = AmdPmuModel::new(&pmu(shape));
+                let mut bare = AmdPmuModel::new(pmu(shape));
                 assert_eq!(
                     bare.read(Msr(msr)).is_ok(),
                     present,
@@ -66,7 +66,7 @@ fn global_msrs_exist_only_with_perfmon_v2() {
             GLOBAL_STATUS_SET,
         ] {
             assert_eq!(vcpu.read(msr) != GP_READ, v2, "{shape:?} {msr:#x}");
-            let mut bare = AmdPmuModel::new(&pmu(shape));
+            let mut bare = AmdPmuModel::new(pmu(shape));
             assert_eq!(bare.read(Msr(msr)).is_ok(), v2, "model {shape:?} {msr:#x}");
         }
     }
@@ -74,7 +74,7 @@ fn global_msrs_exist_only_with_perfmon_v2() {
 
 #[test]
 fn msr_ranges_cover_the_whole_architecture_and_nothing_else_is_owned() {
-    let backend = AmdBackend::new(pmu(PmuShape::LegacyK7)).unwrap();
+    let backend = AmdPmu::new(pmu(PmuShape::LegacyK7)).unwrap();
     for msr in [
         0xC000_0300,
         0xC000_0303,
@@ -126,7 +126,7 @@ fn k7_and_fam15h_msrs_name_the_same_counters_both_directions() {
         }
 
         // The same on the model, where the alias is the hardware's.
-        let mut hw = AmdPmuModel::new(&pmu(shape));
+        let mut hw = AmdPmuModel::new(pmu(shape));
         for i in 0..4u32 {
             hw.write(Msr(K7_CTR + i), 0xabc + u64::from(i)).unwrap();
             assert_eq!(hw.read(Msr(ext_ctr(i))), Ok(0xabc + u64::from(i)));
@@ -153,7 +153,7 @@ fn a_live_counter_is_aliased_on_the_hardware_too() {
 fn counter_preset_to_minus_n_overflows_after_exactly_n_events() {
     for shape in SHAPES {
         let v2 = matches!(shape, PmuShape::PerfMonV2 { .. });
-        for i in 0..pmu(shape).counters() {
+        for i in 0..pmu(shape).gp_counters() {
             for n in [1u64, 2, 1000, 1 << 40] {
                 let mut vcpu = Vcpu::new(shape);
                 vcpu.set(ctr_msr(shape, i), n.wrapping_neg() & MASK48);
@@ -195,7 +195,7 @@ fn kvm_unit_tests_counter_overflow() {
             let status = vcpu.value(GLOBAL_STATUS);
             vcpu.set(GLOBAL_STATUS_CLR, status);
         }
-        for i in 0..pmu(shape).counters() {
+        for i in 0..pmu(shape).gp_counters() {
             let int = if i % 2 == 1 { INT } else { 0 };
             vcpu.set(ctr_msr(shape, i), 1u64.wrapping_sub(count) & MASK48);
             vcpu.set(ctl_msr(shape, i), EN | OS | USR | int | INSTRUCTIONS);
@@ -232,7 +232,7 @@ fn counter_writes_above_48_bits_fault_in_the_backend_but_truncate_on_the_model()
     assert_eq!(vcpu.value(ext_ctr(0)), 0xff01_2345_6789, "unchanged");
     assert_eq!(vcpu.hw.access_stats().writes, writes);
 
-    let mut hw = AmdPmuModel::new(&pmu(PmuShape::PerfCtrExtCore));
+    let mut hw = AmdPmuModel::new(pmu(PmuShape::PerfCtrExtCore));
     hw.write(Msr(ext_ctr(0)), 0xffff_ff01_2345_6789).unwrap();
     assert_eq!(hw.read(Msr(ext_ctr(0))), Ok(0xff01_2345_6789));
 }
@@ -307,7 +307,7 @@ fn perfmon_v2_global_control_gates_counting() {
 fn exact_counts_and_no_counting_while_disabled() {
     for shape in SHAPES {
         let mut vcpu = Vcpu::new(shape);
-        let n = pmu(shape).counters();
+        let n = pmu(shape).gp_counters();
         for i in 0..n {
             vcpu.set(
                 ctl_msr(shape, i),
@@ -377,7 +377,7 @@ fn unsupported_events_and_qualifiers_count_nothing() {
 /// HostOnly, both.
 #[test]
 fn model_host_guest_gating() {
-    let mut hw = AmdPmuModel::new(&pmu(PmuShape::PerfCtrExtCore));
+    let mut hw = AmdPmuModel::new(pmu(PmuShape::PerfCtrExtCore));
     let bits = [0, GUEST_ONLY, HOST_ONLY, GUEST_ONLY | HOST_ONLY];
     for (i, extra) in bits.iter().enumerate() {
         hw.write(Msr(ext_ctl(i as u32)), EN | OS | USR | INSTRUCTIONS | extra)
@@ -499,7 +499,7 @@ fn event_filter_denies_by_twelve_bit_select() {
     );
     assert_eq!(vcpu.hw.registers().controls[0] & EN, 0);
     assert!(
-        !vcpu.ctx.live_counters().contains(CounterSet::gp(0)),
+        !vcpu.ctx.in_use().contains(CounterSet::gp(0)),
         "a denied counter never goes to the hardware as counting"
     );
 }
@@ -632,7 +632,7 @@ fn legacy_overflow_is_recognised_from_the_top_bit() {
 
 #[test]
 fn amd_does_not_mask_the_lvtpc() {
-    let backend = AmdBackend::new(pmu(PmuShape::PerfCtrExtCore)).unwrap();
+    let backend = AmdPmu::new(pmu(PmuShape::PerfCtrExtCore)).unwrap();
     assert!(!backend.masks_lvtpc_on_pmi());
     let caps = backend.capabilities();
     assert_eq!(

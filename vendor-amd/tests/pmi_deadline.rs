@@ -105,8 +105,8 @@ fn program() -> impl Strategy<Value = Program> {
 /// The model programmed through its MSRs, then run a little.
 fn programmed(p: &Program) -> AmdPmuModel {
     let pmu = pmu(p.shape);
-    let mut m = AmdPmuModel::new(&pmu);
-    for (i, &(value, control)) in (0..pmu.counters()).zip(&p.counters) {
+    let mut m = AmdPmuModel::new(pmu);
+    for (i, &(value, control)) in (0..pmu.gp_counters()).zip(&p.counters) {
         m.write(Msr(ctr_msr(p.shape, i)), value).expect("counter");
         m.write(Msr(ctl_msr(p.shape, i)), control).expect("control");
     }
@@ -138,7 +138,7 @@ proptest! {
 #[test]
 fn only_interrupting_cycle_counters_of_the_current_context_set_the_deadline() {
     let shape = PmuShape::PerfMonV2 { counters: 4 };
-    let mut m = AmdPmuModel::new(&pmu(shape));
+    let mut m = AmdPmuModel::new(pmu(shape));
     assert_eq!(m.cycles_until_pmi(KERNEL), None, "nothing programmed");
     let program = [
         (MASK48 - 99, EN | OS | INT | CYCLES),              // 100 away

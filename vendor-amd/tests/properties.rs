@@ -260,7 +260,7 @@ proptest! {
         ops in prop::collection::vec(op(false), 1..60),
     ) {
         let mut vcpu = Vcpu::new(shape);
-        let mut bare = AmdPmuModel::new(&pmu(shape));
+        let mut bare = AmdPmuModel::new(pmu(shape));
         for op in ops {
             match op {
                 Op::Write(msr, value) => {

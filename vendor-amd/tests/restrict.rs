@@ -222,7 +222,7 @@ fn host_counting_withdrawn_stops_host_only_counters() {
         Some(EN | OS | INSTRUCTIONS | GUEST_ONLY),
         "a legal control gets the WRMSR image: GuestOnly forced"
     );
-    assert_eq!(vcpu.ctx.live_counters(), CounterSet(0b10));
+    assert_eq!(vcpu.ctx.in_use(), CounterSet(0b10));
     let once = vcpu.ctx.clone();
     assert_eq!(
         vcpu.backend.restrict(&mut vcpu.ctx, &guest),
@@ -244,7 +244,7 @@ fn host_counting_withdrawn_stops_host_only_counters() {
     // Host counting granted again: the images are recomputed and count the host again.
     assert_eq!(vcpu.backend.restrict(&mut vcpu.ctx, &HOST_COUNTING), None);
     assert_eq!(vcpu.ctx.hardware_control(0), Some(HOST_CYCLES));
-    assert_eq!(vcpu.ctx.live_counters(), CounterSet(0b11));
+    assert_eq!(vcpu.ctx.in_use(), CounterSet(0b11));
 }
 
 #[test]
@@ -265,7 +265,7 @@ fn the_filter_is_applied_but_not_reported() {
     };
     assert_eq!(vcpu.backend.restrict(&mut vcpu.ctx, &filtered), None);
     assert_eq!(vcpu.ctx.hardware_control(1), Some(OS | INSTRUCTIONS));
-    assert_eq!(vcpu.ctx.live_counters(), CounterSet(0b1));
+    assert_eq!(vcpu.ctx.in_use(), CounterSet(0b1));
     assert!(vcpu.backend.is_active(&vcpu.ctx));
 }
 

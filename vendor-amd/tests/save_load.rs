@@ -9,11 +9,11 @@ use vpmu::{
     ContextError, CountingBus, GuestPolicy, HwEvent, MsrAccessStats, MsrBus, PmuBackend,
     SoftwarePmu,
 };
-use vpmu_amd::{AmdBackend, AmdPmuModel, PmuShape};
+use vpmu_amd::{AmdPmu, AmdPmuModel, PmuShape};
 
 fn program_all(vcpu: &mut Vcpu, shape: PmuShape) {
     let v2 = matches!(shape, PmuShape::PerfMonV2 { .. });
-    for i in 0..pmu(shape).counters() {
+    for i in 0..pmu(shape).gp_counters() {
         let value = 0x0000_8000_0000_0000 | (u64::from(i) << 20) | 0x55;
         vcpu.set(ctr_msr(shape, i), value);
         let int = if i % 2 == 0 { INT } else { 0 };
@@ -30,7 +30,7 @@ fn program_all(vcpu: &mut Vcpu, shape: PmuShape) {
 /// Every guest-visible register, read through the backend.
 fn guest_view(vcpu: &mut Vcpu, shape: PmuShape) -> Vec<u64> {
     let mut view = vec![];
-    for i in 0..pmu(shape).counters() {
+    for i in 0..pmu(shape).gp_counters() {
         view.push(vcpu.value(ctr_msr(shape, i)));
         view.push(vcpu.value(ctl_msr(shape, i)));
     }
@@ -65,7 +65,7 @@ fn save_then_load_preserves_every_counter_and_control() {
         let other = vcpu.backend.new_context();
         let mut other_ctx = other.clone();
         vcpu.backend.load(&other_ctx, &mut vcpu.hw).unwrap();
-        for i in 0..pmu(shape).counters() {
+        for i in 0..pmu(shape).gp_counters() {
             let msr = vpmu::Msr(ctr_msr(shape, i));
             vcpu.backend
                 .guest_write(
@@ -113,7 +113,7 @@ fn a_context_migrates_to_another_cpu() {
     vcpu.run(HwEvent::Instructions, 10, KERNEL);
     vcpu.save();
     let before = guest_view(&mut vcpu, shape);
-    let mut cpu1 = AmdPmuModel::new(&pmu(shape));
+    let mut cpu1 = AmdPmuModel::new(pmu(shape));
     vcpu.backend.clean_hardware(&mut cpu1).unwrap();
     vcpu.hw = cpu1;
     vcpu.load();
@@ -133,8 +133,8 @@ fn a_context_migrates_to_another_cpu() {
 fn clean_hardware_resets_a_cpu() {
     let shape = PmuShape::PerfMonV2 { counters: 6 };
     let p = pmu(shape);
-    let backend = AmdBackend::new(p).unwrap();
-    let mut hw = AmdPmuModel::new(&p);
+    let backend = AmdPmu::new(p).unwrap();
+    let mut hw = AmdPmuModel::new(p);
     hw.write(vpmu::Msr(ext_ctl(3)), EN | OS | INSTRUCTIONS)
         .unwrap();
     hw.write(vpmu::Msr(GLOBAL_STATUS_SET), 0b1).unwrap();
@@ -211,7 +211,7 @@ fn msr_traffic_of_a_context_switch() {
         PmuShape::PerfCtrExtCore,
         PmuShape::LegacyK7,
     ] {
-        let n = pmu(shape).counters();
+        let n = pmu(shape).gp_counters();
         let v2 = u64::from(matches!(shape, PmuShape::PerfMonV2 { .. }));
         for (name, active) in [
             ("PMU never used", 0),
@@ -300,7 +300,7 @@ fn saved_vcpu(shape: PmuShape) -> Vcpu {
 fn page_round_trip_preserves_the_context() {
     for shape in SHAPES {
         let vcpu = saved_vcpu(shape);
-        let n = pmu(shape).counters();
+        let n = pmu(shape).gp_counters();
         let mut area = VendorArea::default();
         vcpu.backend.context_to_page(&vcpu.ctx, &mut area);
         let VendorLayout::Amd(banks) = vcpu.backend.page_layout() else {

@@ -6,21 +6,16 @@
 //! enables nothing, as no control is programmed); the context's DS_AREA. Counters not in use may hold another vCPU's stale values, so they are
 //! never read back: a write that puts such a counter in use first overwrites its value.
 
-use vpmu::{CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome};
+use vpmu::bank::{self, BankMap};
+use vpmu::{CounterSet, GuestPolicy, Indices, Msr, MsrBus, MsrFault, MsrOutcome};
 
 use crate::backend::IntelPmu;
 use crate::caps::PERF_CAP_FW_WRITES;
-use crate::context::IntelContext;
+use crate::context::{FIXED_BANK, GP_BANK, IntelContext};
 use crate::msrs::{
     CounterAlias, EVTSEL_INT, FIXED_PMI, IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_CTRL,
-    IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IntelMsr, fixed_counter, fixed_nibble,
-    full_width_counter, legacy_counter,
+    IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IntelMsr, fixed_nibble,
 };
-
-/// The set bits of `bits` as indices, lowest first.
-pub(crate) fn indices(bits: u32) -> impl Iterator<Item = u32> {
-    (0..u32::BITS).filter(move |&i| bits & (1 << i) != 0)
-}
 
 const GP: MsrOutcome<()> = MsrOutcome::GeneralProtection;
 
@@ -40,13 +35,13 @@ impl IntelPmu {
         let value = match register {
             IntelMsr::Counter { index, .. } => match hw {
                 Some(hw) if ctx.in_use.contains(CounterSet::gp(index)) => {
-                    Some(hw.read(legacy_counter(index))? & self.caps.gp_value_mask())
+                    Some(self.gp_bank().read_counter(hw, index)?)
                 }
                 _ => ctx.gp_counters.get(index as usize).copied(),
             },
             IntelMsr::FixedCounter(index) => match hw {
                 Some(hw) if ctx.in_use.contains(CounterSet::fixed(index)) => {
-                    Some(hw.read(fixed_counter(index))? & self.caps.fixed_value_mask())
+                    Some(self.fixed_bank().read_counter(hw, index)?)
                 }
                 _ => ctx.fixed_counters.get(index as usize).copied(),
             },
@@ -165,20 +160,15 @@ impl IntelPmu {
         }
     }
 
-    /// Writes a general-purpose counter value to the hardware through the alias that stores it
+    /// General-purpose counter values go to the hardware through the alias that stores them
     /// exactly: full-width when available, else the legacy one (exact for every value a guest
     /// can write through it; see the crate doc for restored values).
-    pub(crate) fn program_gp_counter<B: MsrBus>(
-        &self,
-        hw: &mut B,
-        index: u32,
-        value: u64,
-    ) -> Result<(), MsrFault> {
-        if self.caps.full_width_writes() {
-            hw.write(full_width_counter(index), value)
-        } else {
-            hw.write(legacy_counter(index), value)
-        }
+    fn gp_bank(&self) -> &BankMap {
+        &self.msr_banks[GP_BANK]
+    }
+
+    fn fixed_bank(&self) -> &BankMap {
+        &self.msr_banks[FIXED_BANK]
     }
 
     /// Puts `counters` in use on the hardware: writes their context values over whatever the
@@ -195,16 +185,7 @@ impl IntelPmu {
             return Ok(false);
         }
         let first = ctx.in_use.is_empty();
-        for index in indices(new.gp_bits()) {
-            if let Some(&value) = ctx.gp_counters.get(index as usize) {
-                self.program_gp_counter(hw, index, value)?;
-            }
-        }
-        for index in indices(new.fixed_bits()) {
-            if let Some(&value) = ctx.fixed_counters.get(index as usize) {
-                hw.write(fixed_counter(index), value)?;
-            }
-        }
+        bank::write_counters(&self.msr_banks, ctx, new, hw)?;
         ctx.in_use = ctx.in_use.union(new);
         Ok(first)
     }
@@ -230,7 +211,7 @@ impl IntelPmu {
         match hw {
             None => ctx.recompute_in_use(),
             Some(hw) if ctx.in_use.contains(counter) => {
-                self.program_gp_counter(hw, index, value)?
+                self.gp_bank().write_counter(hw, index, value)?
             }
             Some(hw) if value != 0 => {
                 if self.claim(ctx, hw, counter)? {
@@ -257,7 +238,9 @@ impl IntelPmu {
         let counter = CounterSet::fixed(index);
         match hw {
             None => ctx.recompute_in_use(),
-            Some(hw) if ctx.in_use.contains(counter) => hw.write(fixed_counter(index), value)?,
+            Some(hw) if ctx.in_use.contains(counter) => {
+                self.fixed_bank().write_counter(hw, index, value)?
+            }
             Some(hw) if value != 0 => {
                 if self.claim(ctx, hw, counter)? {
                     self.enable_globally(ctx, hw)?;
@@ -300,7 +283,7 @@ impl IntelPmu {
                 let in_use = ctx.in_use.contains(counter);
                 if in_use || value != 0 {
                     let first = self.claim(ctx, hw, counter)?;
-                    hw.write(crate::msrs::event_select(index), hardware)?;
+                    hw.write(self.gp_bank().control_msr(index), hardware)?;
                     if first {
                         self.enable_globally(ctx, hw)?;
                     }
@@ -318,7 +301,7 @@ impl IntelPmu {
         hardware: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
         if let Some(hw) = hw.as_deref_mut() {
-            let interrupt_on = indices(self.caps.fixed_counters())
+            let interrupt_on = Indices(self.caps.fixed_counters())
                 .filter(|&i| {
                     fixed_nibble(ctx.fixed_ctrl, i) & FIXED_PMI == 0
                         && fixed_nibble(value, i) & FIXED_PMI != 0
@@ -331,7 +314,7 @@ impl IntelPmu {
         match hw {
             None => ctx.recompute_in_use(),
             Some(hw) => {
-                let programmed = indices(self.caps.fixed_counters())
+                let programmed = Indices(self.caps.fixed_counters())
                     .filter(|&i| fixed_nibble(value, i) != 0)
                     .fold(CounterSet::EMPTY, |set, i| set.union(CounterSet::fixed(i)));
                 let first = self.claim(ctx, hw, programmed)?;

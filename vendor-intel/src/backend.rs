@@ -4,6 +4,7 @@
 
 use raw_cpuid::CpuIdReader;
 use vpmu::abi::{IntelBanks, VendorArea, VendorLayout};
+use vpmu::bank::BankMap;
 use vpmu::{
     ContextError, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
     PmuCapabilities,
@@ -15,28 +16,7 @@ use crate::msrs::MSR_RANGES;
 use crate::policy::GuestRules;
 
 /// Why an [`IntelPmu`] could not be built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendError {
-    /// The CPU's PMU is not one this backend drives.
-    Enumeration(EnumerationError),
-    /// The enumerated counters do not fit the shared page's vendor area.
-    PageLayout,
-}
-
-impl From<EnumerationError> for BackendError {
-    fn from(error: EnumerationError) -> Self {
-        BackendError::Enumeration(error)
-    }
-}
-
-impl core::fmt::Display for BackendError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            BackendError::Enumeration(error) => write!(f, "unsupported PMU: {error}"),
-            BackendError::PageLayout => f.write_str("counters do not fit the vendor area"),
-        }
-    }
-}
+pub type BackendError = vpmu::BackendError<EnumerationError>;
 
 /// The Intel architectural-PMU backend for one enumerated PMU.
 #[derive(Clone, Debug)]
@@ -44,29 +24,31 @@ pub struct IntelPmu {
     pub(crate) caps: IntelCaps,
     pub(crate) capabilities: PmuCapabilities,
     pub(crate) rules: GuestRules,
-    pub(crate) banks: IntelBanks,
+    /// The general-purpose and the fixed bank, in the form the core's bank loops take.
+    pub(crate) msr_banks: [BankMap; 2],
+    pub(crate) page_banks: IntelBanks,
 }
 
 impl IntelPmu {
     /// The backend for the PMU `caps` describes.
     pub fn new(caps: IntelCaps) -> Result<Self, BackendError> {
-        let banks = IntelBanks::new(caps.fixed_bank_len(), caps.gp_counters())
-            .map_err(|_| BackendError::PageLayout)?;
+        let page_banks = IntelBanks::new(caps.fixed_bank_len(), caps.gp_counters())
+            .map_err(vpmu::BackendError::PageLayout)?;
         Ok(IntelPmu {
             caps,
             capabilities: caps.pmu_capabilities(),
             rules: GuestRules::new(&caps),
-            banks,
+            msr_banks: caps.banks(),
+            page_banks,
         })
     }
 
-    /// Enumerates through `reader` and builds the backend (see
-    /// [`IntelCaps::from_cpuid_reader`]).
-    pub fn from_cpuid_reader<R: CpuIdReader>(
+    /// Enumerates through `reader` and builds the backend (see [`IntelCaps::from_cpuid`]).
+    pub fn from_cpuid<R: CpuIdReader>(
         reader: R,
         perf_capabilities: Option<u64>,
     ) -> Result<Self, BackendError> {
-        Self::new(IntelCaps::from_cpuid_reader(reader, perf_capabilities)?)
+        Self::new(IntelCaps::from_cpuid(reader, perf_capabilities)?)
     }
 
     /// The enumeration this backend was built from.
@@ -144,7 +126,7 @@ impl PmuBackend for IntelPmu {
     }
 
     fn page_layout(&self) -> VendorLayout {
-        VendorLayout::Intel(self.banks)
+        VendorLayout::Intel(self.page_banks)
     }
 
     fn context_to_page(&self, ctx: &IntelContext, area: &mut VendorArea) {

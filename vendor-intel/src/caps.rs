@@ -3,9 +3,11 @@
 //! [`IntelCaps`], never from constants.
 
 use raw_cpuid::{CpuId, CpuIdReader};
+use vpmu::bank::{BankMap, Controls, MsrSeries};
 use vpmu::{CounterSet, HwEvent, PmuCapabilities, Vendor};
 
 use crate::events::arch_event;
+use crate::msrs::{IA32_A_PMC0, IA32_FIXED_CTR_CTRL, IA32_FIXED_CTR0, IA32_PERFEVTSEL0, IA32_PMC0};
 
 /// Highest architectural PMU version this backend knows the rules of. Later versions only add
 /// registers and bits; the backend exposes none of them, so it treats the CPU as this version.
@@ -57,6 +59,8 @@ impl core::fmt::Display for EnumerationError {
     }
 }
 
+impl core::error::Error for EnumerationError {}
+
 /// The enumerated Intel PMU. Built only by enumeration, so its counts and widths are always
 /// within the limits the rest of the crate indexes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +71,7 @@ pub struct IntelCaps {
     gp_width: u8,
     fixed_counters: u32,
     fixed_width: u8,
+    event_vector_length: u8,
     unavailable_events: u32,
     anythread_deprecated: bool,
     perf_capabilities: Option<u64>,
@@ -95,7 +100,7 @@ impl IntelCaps {
     /// table). `perf_capabilities` is the value of IA32_PERF_CAPABILITIES if the caller could
     /// read it; it is consulted only when CPUID.1:ECX.PDCM says the MSR exists (reading it
     /// otherwise faults, the Xen boot bug fixed by 15c39c7c91).
-    pub fn from_cpuid_reader<R: CpuIdReader>(
+    pub fn from_cpuid<R: CpuIdReader>(
         reader: R,
         perf_capabilities: Option<u64>,
     ) -> Result<Self, EnumerationError> {
@@ -133,8 +138,8 @@ impl IntelCaps {
         };
 
         // EBX bit i set, or i beyond the vector length EAX[31:24], means "not available".
-        let vector_length = u32::from(info.ebx_length()).min(32);
-        let known = CounterSet::first_gp(vector_length).gp_bits();
+        let event_vector_length = info.ebx_length().min(32);
+        let known = CounterSet::first_gp(u32::from(event_vector_length)).gp_bits();
         let ebx = raw_reader.cpuid2(0xa, 0).ebx;
         let unavailable_events = (ebx & known) | !known;
 
@@ -152,6 +157,7 @@ impl IntelCaps {
             gp_width,
             fixed_counters,
             fixed_width,
+            event_vector_length,
             unavailable_events,
             anythread_deprecated: info.has_any_thread_deprecation(),
             perf_capabilities: if pdcm {
@@ -237,6 +243,12 @@ impl IntelCaps {
         self.unavailable_events
     }
 
+    /// `CPUID.0AH:EAX[31:24]`: how many architectural events the EBX vector describes (at most
+    /// 32); events beyond it are unavailable.
+    pub fn event_vector_length(&self) -> u8 {
+        self.event_vector_length
+    }
+
     /// `CPUID.0AH:EDX[15]`: AnyThread is deprecated (and reserved) on this CPU.
     pub fn anythread_deprecated(&self) -> bool {
         self.anythread_deprecated
@@ -261,6 +273,69 @@ impl IntelCaps {
     /// so IA32_DS_AREA can be given to a guest under `XENPMU_FEATURE_INTEL_BTS`.
     pub fn debug_store(&self) -> bool {
         self.debug_store
+    }
+
+    /// The counter banks as the backend drives them: the general-purpose counters (read
+    /// through IA32_PMCx, written through IA32_A_PMCx when FW_WRITE makes that exact, each with
+    /// its PERFEVTSELx) and the fixed counters (under the one FIXED_CTR_CTRL).
+    pub fn banks(&self) -> [BankMap; 2] {
+        let legacy = MsrSeries::new(IA32_PMC0, 1);
+        let fixed = MsrSeries::new(IA32_FIXED_CTR0, 1);
+        [
+            BankMap {
+                first_bit: 0,
+                counters: legacy,
+                counter_writes: if self.full_width_writes() {
+                    MsrSeries::new(IA32_A_PMC0, 1)
+                } else {
+                    legacy
+                },
+                controls: Controls::PerCounter(MsrSeries::new(IA32_PERFEVTSEL0, 1)),
+                value_mask: self.gp_value_mask(),
+            },
+            BankMap {
+                first_bit: CounterSet::FIXED_BASE,
+                counters: fixed,
+                counter_writes: fixed,
+                controls: Controls::Shared(vpmu::Msr(IA32_FIXED_CTR_CTRL)),
+                value_mask: self.fixed_value_mask(),
+            },
+        ]
+    }
+
+    /// CPUID leaf 0xA as a guest of this PMU sees it, `[eax, ebx, ecx, edx]` (SDM vol. 2A,
+    /// CPUID leaf 0AH; vol. 3B 20.2):
+    ///
+    /// * EAX: 7:0 version (the one the backend implements, at most 5), 15:8 general-purpose
+    ///   counters, 23:16 their width, 31:24 the length of the EBX vector;
+    /// * EBX: bit *i* set = architectural event *i* unavailable: the enumerated vector, plus
+    ///   `unavailable_events` (what the integrator's counters cannot count), within the length;
+    /// * ECX (v5 only, else 0): the fixed-counter bitmap, every present fixed counter;
+    /// * EDX: 4:0 the fixed counters contiguous from 0 (before v5 the only way to state them;
+    ///   from v5 counter *i* exists if ECX bit *i* is set or *i* < this count), 12:5 their
+    ///   width, 15 AnyThread deprecated. PERF_CAPABILITIES and the debug store are in leaf 1,
+    ///   which stays the integrator's.
+    ///
+    /// Enumerating the leaf ([`IntelCaps::from_cpuid`]) gives these caps back, with the events
+    /// of `unavailable_events` unavailable. Before v5 the fixed counters are always contiguous
+    /// (that is all CPUID can state), so the count covers them exactly.
+    pub fn guest_leaf_0xa(&self, unavailable_events: u32) -> [u32; 4] {
+        let known = CounterSet::first_gp(u32::from(self.event_vector_length)).gp_bits();
+        let eax = u32::from(self.version)
+            | u32::from(self.gp_counters) << 8
+            | u32::from(self.gp_width) << 16
+            | u32::from(self.event_vector_length) << 24;
+        let ebx = (self.unavailable_events | unavailable_events) & known;
+        let ecx = if self.version >= 5 {
+            self.fixed_counters
+        } else {
+            0
+        };
+        let contiguous = self.fixed_counters.trailing_ones();
+        let edx = contiguous
+            | u32::from(self.fixed_width) << 5
+            | u32::from(self.anythread_deprecated) << 15;
+        [eax, ebx, ecx, edx]
     }
 
     /// The vendor-neutral summary the core works with.
@@ -318,7 +393,7 @@ mod tests {
             edx: 0,
         };
         assert_eq!(
-            IntelCaps::from_cpuid_reader(reader(leaf, 0), None),
+            IntelCaps::from_cpuid(reader(leaf, 0), None),
             Err(EnumerationError::UnsupportedWidth {
                 counters: "general-purpose",
                 width: 16
@@ -334,13 +409,12 @@ mod tests {
             ecx: 0,
             edx: 0x603,
         };
-        let caps = IntelCaps::from_cpuid_reader(reader(leaf, 0), Some(PERF_CAP_FW_WRITES))
-            .expect("v2 PMU");
+        let caps =
+            IntelCaps::from_cpuid(reader(leaf, 0), Some(PERF_CAP_FW_WRITES)).expect("v2 PMU");
         assert!(!caps.has_perf_capabilities());
         assert!(!caps.full_width_writes());
         let with_pdcm =
-            IntelCaps::from_cpuid_reader(reader(leaf, 1 << 15), Some(PERF_CAP_FW_WRITES))
-                .expect("v2 PMU");
+            IntelCaps::from_cpuid(reader(leaf, 1 << 15), Some(PERF_CAP_FW_WRITES)).expect("v2 PMU");
         assert!(with_pdcm.full_width_writes());
     }
 
@@ -354,7 +428,7 @@ mod tests {
             ecx: 0,
             edx: 0x603,
         };
-        let caps = IntelCaps::from_cpuid_reader(reader(leaf, 0), None).expect("v2 PMU");
+        let caps = IntelCaps::from_cpuid(reader(leaf, 0), None).expect("v2 PMU");
         assert!(!caps.event_available(HwEvent::CoreCycles));
         assert!(caps.event_available(HwEvent::Instructions));
         assert!(!caps.event_available(HwEvent::RefCycles));
@@ -370,7 +444,7 @@ mod tests {
             ecx: 0b1001,
             edx: 0x600,
         };
-        let caps = IntelCaps::from_cpuid_reader(reader(leaf, 0), None).expect("v5 PMU");
+        let caps = IntelCaps::from_cpuid(reader(leaf, 0), None).expect("v5 PMU");
         assert_eq!(caps.fixed_counters(), 0b1001);
         assert_eq!(caps.fixed_bank_len(), 4);
         assert!(caps.has_fixed(3) && !caps.has_fixed(1));
@@ -381,5 +455,77 @@ mod tests {
         assert_eq!(width_mask(0), 0);
         assert_eq!(width_mask(48), 0xffff_ffff_ffff);
         assert_eq!(width_mask(64), u64::MAX);
+    }
+
+    /// `shape` with leaf 0xA replaced by `leaf`.
+    fn with_leaf_0xa(
+        shape: crate::SyntheticCpuid,
+        leaf: [u32; 4],
+    ) -> impl Fn(u32, u32) -> CpuIdResult + Clone {
+        move |function, subleaf| match function {
+            0xa => {
+                let [eax, ebx, ecx, edx] = leaf;
+                CpuIdResult { eax, ebx, ecx, edx }
+            }
+            _ => shape.leaf(function, subleaf),
+        }
+    }
+
+    #[test]
+    fn guest_leaf_0xa_enumerates_to_the_same_caps() {
+        use crate::SyntheticCpuid;
+        let shapes = [
+            (SyntheticCpuid::v2(4, 3), None),
+            (SyntheticCpuid::v2(2, 0), None),
+            (SyntheticCpuid::v5(8, 1, 0), Some(PERF_CAP_FW_WRITES)),
+            (SyntheticCpuid::v5(8, 0, 0b110), Some(PERF_CAP_FW_WRITES)),
+            (SyntheticCpuid::v5(6, 2, 0b1000), Some(0)),
+            (
+                SyntheticCpuid {
+                    event_vector_length: 5,
+                    unavailable_events: 0b10,
+                    gp_width: 40,
+                    ..SyntheticCpuid::v5(3, 4, 0)
+                },
+                None,
+            ),
+        ];
+        for (shape, perf_capabilities) in shapes {
+            let caps = IntelCaps::from_cpuid(shape, perf_capabilities).unwrap();
+            let leaf = caps.guest_leaf_0xa(0);
+            let again = IntelCaps::from_cpuid(with_leaf_0xa(shape, leaf), perf_capabilities);
+            assert_eq!(again, Ok(caps), "{shape:?}");
+
+            let hidden = 0b101;
+            let leaf = caps.guest_leaf_0xa(hidden);
+            let again =
+                IntelCaps::from_cpuid(with_leaf_0xa(shape, leaf), perf_capabilities).unwrap();
+            assert_eq!(
+                again.unavailable_events(),
+                caps.unavailable_events() | hidden
+            );
+            assert!(!again.event_available(HwEvent::CoreCycles));
+        }
+    }
+
+    #[test]
+    fn guest_leaf_0xa_states_the_sdm_fields() {
+        let v5 = IntelCaps::from_cpuid(crate::SyntheticCpuid::v5(8, 1, 0b100), None).unwrap();
+        let [eax, ebx, ecx, edx] = v5.guest_leaf_0xa(0b1000_0001);
+        assert_eq!(eax, 5 | 8 << 8 | 48 << 16 | 8 << 24);
+        assert_eq!(ebx, 0b1000_0001);
+        assert_eq!(ecx, 0b101, "every fixed counter in the v5 bitmap");
+        assert_eq!(
+            edx,
+            1 | 48 << 5 | 1 << 15,
+            "the contiguous ones in the count"
+        );
+        let v2 = IntelCaps::from_cpuid(crate::SyntheticCpuid::v2(4, 3), None).unwrap();
+        let [_, ebx, ecx, edx] = v2.guest_leaf_0xa(u32::MAX);
+        assert_eq!(
+            (ebx, ecx, edx & 0x1f),
+            (0x7f, 0, 3),
+            "no bits beyond the vector length"
+        );
     }
 }

@@ -2,12 +2,17 @@
 //! programmed with, the virtual GLOBAL_STATUS, and which counters must be on the hardware.
 
 use vpmu::CounterSet;
+use vpmu::bank::CounterBanks;
 
 use crate::caps::{FIXED_COUNTER_LIMIT, IntelCaps, MAX_GP_COUNTERS};
-use crate::msrs::{EVTSEL_EN, FIXED_OS, FIXED_USR, fixed_nibble};
+use crate::msrs::{EVTSEL_EN, EVTSEL_INT, FIXED_OS, FIXED_PMI, FIXED_USR, fixed_nibble};
 
 pub(crate) const GP_SLOTS: usize = MAX_GP_COUNTERS as usize;
 pub(crate) const FIXED_SLOTS: usize = FIXED_COUNTER_LIMIT as usize;
+
+/// The positions of the banks in [`IntelCaps::banks`].
+pub(crate) const GP_BANK: usize = 0;
+pub(crate) const FIXED_BANK: usize = 1;
 
 /// One vCPU's Intel PMU state.
 ///
@@ -125,5 +130,38 @@ impl IntelContext {
             0
         };
         self.in_use.0 | buffer
+    }
+}
+
+/// The two banks of [`IntelCaps::banks`], for the core's save/load loops.
+impl CounterBanks for IntelContext {
+    fn values(&self, bank: usize) -> &[u64] {
+        match bank {
+            GP_BANK => &self.gp_counters,
+            _ => &self.fixed_counters,
+        }
+    }
+
+    fn values_mut(&mut self, bank: usize) -> &mut [u64] {
+        match bank {
+            GP_BANK => &mut self.gp_counters,
+            _ => &mut self.fixed_counters,
+        }
+    }
+
+    fn hardware_controls(&self, bank: usize) -> &[u64] {
+        match bank {
+            GP_BANK => &self.event_selects_hw,
+            _ => core::slice::from_ref(&self.fixed_ctrl_hw),
+        }
+    }
+
+    fn interrupt_enabled(&self, bank: usize, index: u32) -> bool {
+        match bank {
+            GP_BANK => self
+                .event_select(index)
+                .is_some_and(|select| select & EVTSEL_INT != 0),
+            _ => fixed_nibble(self.fixed_ctrl, index) & FIXED_PMI != 0,
+        }
     }
 }

@@ -5,7 +5,23 @@
 //! and IA32_PERF_CAPABILITIES), the MSR map ([`msrs`]), what a guest may write ([`GuestRules`]),
 //! save/restore and overflow collection, and the shared page's vendor area. With the `model`
 //! feature, [`IntelPmuModel`] is a software PMU that behaves like the hardware, and
-//! [`SyntheticCpuid`] describes any PMU shape as a CPUID.
+//! [`SyntheticCpuid`] describes any PMU shape as a CPUID. [`IntelCaps::guest_leaf_0xa`] gives the
+//! CPUID leaf that describes the PMU to a guest.
+//!
+//! ```
+//! # fn main() -> Result<(), vpmu_intel::BackendError> {
+//! # let reader = |leaf: u32, _: u32| match leaf {
+//! #     0 => raw_cpuid::CpuIdResult { eax: 0xa, ebx: 0x756e_6547, ecx: 0x6c65_746e, edx: 0x4965_6e69 },
+//! #     0xa => raw_cpuid::CpuIdResult { eax: 0x0730_0402, ebx: 0, ecx: 0, edx: 0x603 },
+//! #     _ => raw_cpuid::CpuIdResult { eax: 0, ebx: 0, ecx: 0, edx: 0 },
+//! # };
+//! // The native CPUID is raw_cpuid::CpuIdReaderNative; IA32_PERF_CAPABILITIES if readable.
+//! let caps = vpmu_intel::IntelCaps::from_cpuid(reader, None)?;
+//! let pmu = vpmu_intel::IntelPmu::new(caps)?;
+//! assert_eq!(pmu.caps().gp_counters(), 4);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! ## Enumeration
 //!

@@ -333,7 +333,7 @@ mod tests {
     };
 
     fn model(shape: SyntheticCpuid) -> IntelPmuModel {
-        IntelPmuModel::new(IntelCaps::from_cpuid_reader(shape, None).expect("valid shape"))
+        IntelPmuModel::new(IntelCaps::from_cpuid(shape, None).expect("valid shape"))
     }
 
     #[test]

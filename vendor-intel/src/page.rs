@@ -55,16 +55,17 @@ impl IntelPmu {
             pebs_enable: 0,
             ..IntelCtxt::default()
         };
-        self.banks.describe_in(&mut ctxt);
+        self.page_banks.describe_in(&mut ctxt);
         area.set_intel_ctxt(&ctxt);
         // The indices are below the bank's own counts, so these cannot fail.
-        for (index, &value) in (0..self.banks.fixed_count() as usize).zip(&ctx.fixed_counters) {
-            let _ = self.banks.set_fixed_counter(area, index, value);
+        for (index, &value) in (0..self.page_banks.fixed_count() as usize).zip(&ctx.fixed_counters)
+        {
+            let _ = self.page_banks.set_fixed_counter(area, index, value);
         }
         let pairs = ctx.gp_counters.iter().zip(&ctx.event_selects);
-        for (index, (&counter, &control)) in (0..self.banks.arch_count() as usize).zip(pairs) {
+        for (index, (&counter, &control)) in (0..self.page_banks.arch_count() as usize).zip(pairs) {
             let _ = self
-                .banks
+                .page_banks
                 .set_pair(area, index, CounterPair { counter, control });
         }
     }
@@ -119,9 +120,9 @@ impl IntelPmu {
             .pebs_enable(ctxt.pebs_enable)
             .or_refuse("pebs_enable", None, ctxt.pebs_enable)?;
 
-        for (index, slot) in (0..self.banks.fixed_count()).zip(&mut ctx.fixed_counters) {
+        for (index, slot) in (0..self.page_banks.fixed_count()).zip(&mut ctx.fixed_counters) {
             let value = self
-                .banks
+                .page_banks
                 .fixed_counter(area, index as usize)
                 .map_err(|_| refused("fixed_counter", Some(index), 0))?;
             *slot = if self.caps.has_fixed(index) {
@@ -141,10 +142,10 @@ impl IntelPmu {
             .zip(ctx.event_selects.iter_mut().zip(&mut ctx.event_selects_hw))
             .zip(&saved.event_selects);
         for (index, ((counter, (control, control_hw)), &published)) in
-            (0..self.banks.arch_count()).zip(gp_slots)
+            (0..self.page_banks.arch_count()).zip(gp_slots)
         {
             let pair = self
-                .banks
+                .page_banks
                 .pair(area, index as usize)
                 .map_err(|_| refused("counter", Some(index), 0))?;
             *counter = rules.full_width_counter(pair.counter).or_refuse(

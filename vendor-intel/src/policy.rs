@@ -208,7 +208,7 @@ mod tests {
     use vpmu::EventFilter;
 
     fn rules(shape: SyntheticCpuid) -> GuestRules {
-        GuestRules::new(&IntelCaps::from_cpuid_reader(shape, None).expect("valid shape"))
+        GuestRules::new(&IntelCaps::from_cpuid(shape, None).expect("valid shape"))
     }
 
     struct DenyBranchesAndFixed1;

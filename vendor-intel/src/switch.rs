@@ -18,15 +18,19 @@
 //! but before its PMI is taken loses that PMI (real hardware has raised it already); the guest
 //! runs in that window only for the PMI's skid.
 
+use vpmu::bank::{self, SaveOrder, StatusMsrs};
 use vpmu::{CounterSet, Msr, MsrBus, MsrFault, Overflow};
 
-use crate::access::indices;
 use crate::backend::IntelPmu;
 use crate::context::IntelContext;
 use crate::msrs::{
-    EVTSEL_INT, FIXED_PMI, IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_CTRL,
-    IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, event_select, fixed_counter, fixed_nibble,
-    legacy_counter,
+    IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL,
+    IA32_PERF_GLOBAL_STATUS, event_select,
+};
+
+const STATUS: StatusMsrs = StatusMsrs {
+    status: Msr(IA32_PERF_GLOBAL_STATUS),
+    acknowledge: Msr(IA32_PERF_GLOBAL_OVF_CTRL),
 };
 
 impl IntelPmu {
@@ -47,32 +51,8 @@ impl IntelPmu {
         if !live.is_empty() {
             hw.write(Msr(IA32_PERF_GLOBAL_CTRL), 0)?;
         }
-        let recorded = self.fold_status(ctx, hw)?;
-        let overflow = self.overflow_of(ctx, recorded);
-        for index in indices(live.gp_bits()) {
-            let value = hw.read(legacy_counter(index))? & self.caps.gp_value_mask();
-            if let Some(slot) = ctx.gp_counters.get_mut(index as usize) {
-                *slot = value;
-            }
-        }
-        for index in indices(live.fixed_bits()) {
-            let value = hw.read(fixed_counter(index))? & self.caps.fixed_value_mask();
-            if let Some(slot) = ctx.fixed_counters.get_mut(index as usize) {
-                *slot = value;
-            }
-        }
-        for index in indices(live.gp_bits()) {
-            if ctx
-                .event_selects_hw
-                .get(index as usize)
-                .is_some_and(|&sel| sel != 0)
-            {
-                hw.write(event_select(index), 0)?;
-            }
-        }
-        if live.fixed_bits() != 0 && ctx.fixed_ctrl_hw != 0 {
-            hw.write(Msr(IA32_FIXED_CTR_CTRL), 0)?;
-        }
+        let overflow = self.collect_overflow(ctx, hw)?;
+        bank::save(&self.msr_banks, ctx, live, SaveOrder::CountersFirst, hw)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), 0)?;
         }
@@ -86,26 +66,7 @@ impl IntelPmu {
         hw: &mut B,
     ) -> Result<(), MsrFault> {
         let live = ctx.in_use;
-        // Values before controls: the hardware may hold another vCPU's counts.
-        for index in indices(live.gp_bits()) {
-            if let Some(&value) = ctx.gp_counters.get(index as usize) {
-                self.program_gp_counter(hw, index, value)?;
-            }
-        }
-        for index in indices(live.fixed_bits()) {
-            if let Some(&value) = ctx.fixed_counters.get(index as usize) {
-                hw.write(fixed_counter(index), value)?;
-            }
-        }
-        for index in indices(live.gp_bits()) {
-            match ctx.event_selects_hw.get(index as usize) {
-                Some(&sel) if sel != 0 => hw.write(event_select(index), sel)?,
-                _ => {}
-            }
-        }
-        if live.fixed_bits() != 0 && ctx.fixed_ctrl_hw != 0 {
-            hw.write(Msr(IA32_FIXED_CTR_CTRL), ctx.fixed_ctrl_hw)?;
-        }
+        bank::load(&self.msr_banks, ctx, live, hw)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), ctx.ds_area)?;
         }
@@ -118,13 +79,22 @@ impl IntelPmu {
         Ok(())
     }
 
+    /// Folds GLOBAL_STATUS into the virtual status and reports the counters recorded, with
+    /// whether any has its interrupt enabled as the guest programmed it (EVTSEL INT, the fixed
+    /// nibble's PMI bit; OvfBuffer and CondChgd are no counters). The controls now stand for
+    /// the controls at the overflow: a control write that enables the interrupt retires the
+    /// overflows found before it ([`IntelPmu::retire_silent_overflows`]).
     pub(crate) fn collect_overflow<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
         hw: &mut B,
     ) -> Result<Overflow, MsrFault> {
-        let recorded = self.fold_status(ctx, hw)?;
-        Ok(self.overflow_of(ctx, recorded))
+        // Every guest-ownable bit is acknowledged, not only this context's, so that none is
+        // left for the next owner.
+        let record = ctx.live_status_bits();
+        let recorded = STATUS.fold(hw, record, self.rules.status_bits(), &mut ctx.global_status)?;
+        let counters = self.rules.status_counters(recorded);
+        Ok(bank::overflow(&self.msr_banks, ctx, counters))
     }
 
     /// Called, with `ctx` loaded, before a control write turns the interrupt on for `counters`.
@@ -141,50 +111,12 @@ impl IntelPmu {
     ) -> Result<(), MsrFault> {
         // A counter not in use has not counted for this context since it was loaded, and the
         // hardware status is clean between contexts.
-        let live = counters.0 & ctx.in_use.0;
+        let live = counters.intersection(ctx.in_use).0;
         if live == 0 {
             return Ok(());
         }
-        let silent = hw.read(Msr(IA32_PERF_GLOBAL_STATUS))? & live;
-        if silent != 0 {
-            ctx.global_status |= silent;
-            hw.write(Msr(IA32_PERF_GLOBAL_OVF_CTRL), silent)?;
-        }
+        STATUS.fold(hw, live, live, &mut ctx.global_status)?;
         Ok(())
-    }
-
-    /// The counters of the GLOBAL_STATUS bits `recorded` (OvfBuffer and CondChgd dropped), and
-    /// whether any of them has its interrupt enabled as the guest programmed it (EVTSEL INT,
-    /// the fixed nibble's PMI bit). The controls now stand for the controls at the overflow:
-    /// a control write that enables the interrupt retires the overflows found before it
-    /// ([`IntelPmu::retire_silent_overflows`]).
-    fn overflow_of(&self, ctx: &IntelContext, recorded: u64) -> Overflow {
-        let counters = self.rules.status_counters(recorded);
-        let gp_interrupt = indices(counters.gp_bits()).any(|i| {
-            ctx.event_selects
-                .get(i as usize)
-                .is_some_and(|&sel| sel & EVTSEL_INT != 0)
-        });
-        let fixed_interrupt = indices(counters.fixed_bits())
-            .any(|i| fixed_nibble(ctx.fixed_ctrl, i) & FIXED_PMI != 0);
-        Overflow {
-            counters,
-            interrupt: gp_interrupt || fixed_interrupt,
-        }
-    }
-
-    /// Reads GLOBAL_STATUS, records this context's bits in its virtual status, and acknowledges
-    /// every guest-ownable bit that is set (so none is left for the next owner). Returns the
-    /// bits recorded.
-    fn fold_status<B: MsrBus>(&self, ctx: &mut IntelContext, hw: &mut B) -> Result<u64, MsrFault> {
-        let status = hw.read(Msr(IA32_PERF_GLOBAL_STATUS))?;
-        let recorded = status & ctx.live_status_bits();
-        ctx.global_status |= recorded;
-        let acknowledge = status & self.rules.status_bits();
-        if acknowledge != 0 {
-            hw.write(Msr(IA32_PERF_GLOBAL_OVF_CTRL), acknowledge)?;
-        }
-        Ok(recorded)
     }
 
     /// Establishes the clean-hardware invariant on a CPU whose PMU state is unknown (bring-up,
@@ -199,11 +131,8 @@ impl IntelPmu {
         if self.caps.fixed_counters() != 0 {
             hw.write(Msr(IA32_FIXED_CTR_CTRL), 0)?;
         }
-        let status = hw.read(Msr(IA32_PERF_GLOBAL_STATUS))?;
-        let acknowledge = status & self.rules.status_bits();
-        if acknowledge != 0 {
-            hw.write(Msr(IA32_PERF_GLOBAL_OVF_CTRL), acknowledge)?;
-        }
+        // Nobody's status: acknowledged, recorded nowhere.
+        STATUS.fold(hw, 0, self.rules.status_bits(), &mut 0)?;
         Ok(())
     }
 }

@@ -110,7 +110,7 @@ const OK: MsrOutcome<()> = MsrOutcome::Handled(());
 
 #[test]
 fn v2_four_gp_three_fixed() {
-    let caps = IntelCaps::from_cpuid_reader(intel(V2_4GP_3FIXED, 0), Some(PERF_CAP_FW_WRITES))
+    let caps = IntelCaps::from_cpuid(intel(V2_4GP_3FIXED, 0), Some(PERF_CAP_FW_WRITES))
         .expect("v2 is supported");
     assert_eq!(caps.version(), 2);
     assert_eq!(caps.gp_counters(), 4);
@@ -157,9 +157,8 @@ fn v2_four_gp_three_fixed() {
 
 #[test]
 fn v5_eight_gp_four_fixed_with_full_width_writes() {
-    let caps =
-        IntelCaps::from_cpuid_reader(intel(V5_8GP_4FIXED, PDCM), Some(PERF_CAP_FW_WRITES | 0x3))
-            .expect("v5 is supported");
+    let caps = IntelCaps::from_cpuid(intel(V5_8GP_4FIXED, PDCM), Some(PERF_CAP_FW_WRITES | 0x3))
+        .expect("v5 is supported");
     assert_eq!(caps.version(), 5);
     assert_eq!(caps.gp_counters(), 8);
     assert_eq!(caps.fixed_counters(), 0b1111);
@@ -182,8 +181,7 @@ fn v5_eight_gp_four_fixed_with_full_width_writes() {
 
 #[test]
 fn v5_sparse_fixed_bitmap() {
-    let caps =
-        IntelCaps::from_cpuid_reader(intel(V5_SPARSE, PDCM), Some(0)).expect("v5 is supported");
+    let caps = IntelCaps::from_cpuid(intel(V5_SPARSE, PDCM), Some(0)).expect("v5 is supported");
     assert_eq!(caps.fixed_counters(), 0b1011);
     assert_eq!(caps.fixed_bank_len(), 4);
     assert!(!caps.full_width_writes());
@@ -219,7 +217,7 @@ fn ecx_bitmap_is_ignored_before_v5() {
         ecx: 0b1000,
         ..V2_4GP_3FIXED
     };
-    let caps = IntelCaps::from_cpuid_reader(intel(v4, 0), None).expect("v4 is supported");
+    let caps = IntelCaps::from_cpuid(intel(v4, 0), None).expect("v4 is supported");
     assert_eq!(caps.fixed_counters(), 0b111);
 }
 
@@ -230,14 +228,14 @@ fn v1_is_refused_and_later_versions_are_driven_as_v5() {
         ..NONE
     };
     assert_eq!(
-        IntelCaps::from_cpuid_reader(intel(v1, 0), None),
+        IntelCaps::from_cpuid(intel(v1, 0), None),
         Err(EnumerationError::UnsupportedVersion(1))
     );
     let v6 = CpuIdResult {
         eax: 0x0830_0806,
         ..V5_SPARSE
     };
-    let caps = IntelCaps::from_cpuid_reader(intel(v6, 0), None).expect("v6 is driven as v5");
+    let caps = IntelCaps::from_cpuid(intel(v6, 0), None).expect("v6 is driven as v5");
     assert_eq!((caps.version(), caps.reported_version()), (5, 6));
     assert_eq!(caps.fixed_counters(), 0b1011, "the v5 bitmap is still read");
 }
@@ -248,7 +246,7 @@ fn gp_counters_are_clipped_to_the_map() {
         eax: 0x0730_0c03,
         ..V2_4GP_3FIXED
     };
-    let caps = IntelCaps::from_cpuid_reader(intel(twelve, 0), None).expect("v3");
+    let caps = IntelCaps::from_cpuid(intel(twelve, 0), None).expect("v3");
     assert_eq!(caps.gp_counters(), 8);
 }
 
@@ -256,13 +254,13 @@ fn gp_counters_are_clipped_to_the_map() {
 fn no_architectural_pmu() {
     let amd = table(vec![(0, AMD_LEAF0), (0xa, V2_4GP_3FIXED)]);
     assert_eq!(
-        IntelCaps::from_cpuid_reader(amd, None),
+        IntelCaps::from_cpuid(amd, None),
         Err(EnumerationError::NoArchitecturalPmu),
         "leaf 0xA is reserved on AMD"
     );
     let old = table(vec![(0, intel_leaf0(0x6)), (0xa, V2_4GP_3FIXED)]);
     assert_eq!(
-        IntelCaps::from_cpuid_reader(old, None),
+        IntelCaps::from_cpuid(old, None),
         Err(EnumerationError::NoArchitecturalPmu),
         "max basic leaf below 0xA"
     );
@@ -275,7 +273,7 @@ fn event_availability_bits() {
         ebx: 0b101_0000,
         ..V2_4GP_3FIXED
     };
-    let caps = IntelCaps::from_cpuid_reader(intel(leaf, 0), None).expect("v2");
+    let caps = IntelCaps::from_cpuid(intel(leaf, 0), None).expect("v2");
     let available: Vec<_> = [
         HwEvent::CoreCycles,
         HwEvent::Instructions,
@@ -304,20 +302,16 @@ fn debug_store_needs_ds_and_dtes64() {
         (0xa, V2_4GP_3FIXED),
     ]);
     assert!(
-        !IntelCaps::from_cpuid_reader(ds_only, None)
+        !IntelCaps::from_cpuid(ds_only, None)
             .expect("v2")
             .debug_store()
     );
-    assert!(
-        IntelCaps::from_cpuid_reader(both, None)
-            .expect("v2")
-            .debug_store()
-    );
+    assert!(IntelCaps::from_cpuid(both, None).expect("v2").debug_store());
 }
 
 #[test]
 fn msr_ranges_cover_the_whole_architectural_map() {
-    let pmu = IntelPmu::from_cpuid_reader(intel(V2_4GP_3FIXED, 0), None).expect("v2");
+    let pmu = IntelPmu::from_cpuid(intel(V2_4GP_3FIXED, 0), None).expect("v2");
     for msr in [
         0xc1, 0xc8, 0x186, 0x18d, 0x309, 0x30c, 0x329, 0x345, 0x38d, 0x38e, 0x38f, 0x390, 0x391,
         0x392, 0x3f1, 0x4c1, 0x4c8, 0x600,

@@ -7,7 +7,7 @@ use vpmu::{CountingBus, HwEvent, Msr, MsrBus, MsrFault, SoftwarePmu};
 use vpmu_intel::{IntelCaps, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
 
 fn model(shape: SyntheticCpuid, perf_capabilities: Option<u64>) -> IntelPmuModel {
-    IntelPmuModel::new(IntelCaps::from_cpuid_reader(shape, perf_capabilities).expect("shape"))
+    IntelPmuModel::new(IntelCaps::from_cpuid(shape, perf_capabilities).expect("shape"))
 }
 
 fn fault(msr: u32) -> Result<(), MsrFault> {

@@ -118,7 +118,7 @@ fn width_mask(width: u8) -> u64 {
 
 /// The model programmed through its MSRs (full-width counter writes), then run a little.
 fn programmed(p: &Program) -> IntelPmuModel {
-    let caps = IntelCaps::from_cpuid_reader(p.shape, Some(PERF_CAP_FW_WRITES)).expect("shape");
+    let caps = IntelCaps::from_cpuid(p.shape, Some(PERF_CAP_FW_WRITES)).expect("shape");
     let mut m = IntelPmuModel::new(caps);
     let (gp_mask, fixed_mask) = (
         width_mask(p.shape.gp_width),
@@ -164,7 +164,7 @@ proptest! {
 
 #[test]
 fn fixed_and_general_purpose_cycle_counters_set_the_deadline() {
-    let caps = IntelCaps::from_cpuid_reader(SyntheticCpuid::v5(2, 3, 0), Some(PERF_CAP_FW_WRITES))
+    let caps = IntelCaps::from_cpuid(SyntheticCpuid::v5(2, 3, 0), Some(PERF_CAP_FW_WRITES))
         .expect("shape");
     let mut m = IntelPmuModel::new(caps);
     let mask = (1u64 << 48) - 1;

@@ -332,7 +332,7 @@ fn msr_traffic_of_a_switch() {
 /// disabled its counters globally must not count once loaded.
 #[test]
 fn uncleaned_power_on_state_does_not_count_for_a_disabled_context() {
-    let pmu = vpmu_intel::IntelPmu::from_cpuid_reader(v2_shape(), None).expect("v2");
+    let pmu = vpmu_intel::IntelPmu::from_cpuid(v2_shape(), None).expect("v2");
     let mut hw = vpmu_intel::IntelPmuModel::new(*pmu.caps());
     assert_eq!(hw.registers().global_ctrl, 0xf, "power-on state");
     let mut ctx = pmu.new_context();

@@ -82,6 +82,77 @@ impl CounterSet {
     pub const fn fixed_bits(self) -> u32 {
         (self.0 >> Self::FIXED_BASE) as u32
     }
+
+    /// The general-purpose counters of the set, lowest index first.
+    pub const fn gp_indices(self) -> Indices {
+        Indices(self.gp_bits())
+    }
+
+    /// The fixed counters of the set, lowest index first.
+    pub const fn fixed_indices(self) -> Indices {
+        Indices(self.fixed_bits())
+    }
+}
+
+/// The set bits of a 32-bit bitmap as indices, lowest first ([`CounterSet::gp_indices`],
+/// [`CounterSet::fixed_indices`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Indices(pub u32);
+
+impl Iterator for Indices {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        if self.0 == 0 {
+            return None;
+        }
+        let index = self.0.trailing_zeros();
+        self.0 &= self.0 - 1;
+        Some(index)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let len = self.0.count_ones() as usize;
+        (len, Some(len))
+    }
+}
+
+impl ExactSizeIterator for Indices {}
+
+/// Why a vendor backend could not be built; `E` is the vendor's enumeration error. Both vendor
+/// crates name it `BackendError` (`vpmu_intel::BackendError`, `vpmu_amd::BackendError`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendError<E> {
+    /// The CPU's PMU is not one the backend drives.
+    Enumeration(E),
+    /// The enumerated counters do not fit the shared page's vendor area.
+    PageLayout(vpmu_abi::AbiError),
+}
+
+impl<E> From<E> for BackendError<E> {
+    fn from(error: E) -> Self {
+        BackendError::Enumeration(error)
+    }
+}
+
+impl<E: core::fmt::Display> core::fmt::Display for BackendError<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            BackendError::Enumeration(error) => write!(f, "unsupported PMU: {error}"),
+            BackendError::PageLayout(error) => {
+                write!(f, "counters do not fit the vendor area: {error}")
+            }
+        }
+    }
+}
+
+impl<E: core::error::Error + 'static> core::error::Error for BackendError<E> {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            BackendError::Enumeration(error) => Some(error),
+            BackendError::PageLayout(error) => Some(error),
+        }
+    }
 }
 
 /// What the enumerated PMU offers, in vendor-neutral terms.

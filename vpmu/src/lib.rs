@@ -7,6 +7,8 @@
 //!   `hw-msr` feature, a software model, or a VMM).
 //! * [`backend`]: the trait a vendor backend implements ([`PmuBackend`]), and the software PMU
 //!   model trait ([`SoftwarePmu`]).
+//! * [`bank`]: the save/load/overflow loops over counter banks that both vendor backends
+//!   drive with their own MSR map ([`bank::BankMap`]).
 //! * [`platform`]: what the integrating hypervisor provides ([`Platform`]).
 //! * [`filter`]: per-domain allow/deny event lists with KVM's PMU-event-filter semantics.
 //! * [`Vpmu`]: the global state and the entry points: [`Vpmu::rdmsr`]/[`Vpmu::wrmsr`]
@@ -20,6 +22,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod bank;
 mod core;
 // The profile runtime's entry points are unsafe FFI (the `coverage` feature only).
 #[allow(unsafe_code)]
@@ -36,8 +39,8 @@ mod switch;
 
 pub use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
 pub use backend::{
-    AllowAll, ContextError, CounterSet, EventFilter, ExecMode, GuestPolicy, HwEvent, MsrOutcome,
-    Overflow, PmuBackend, PmuCapabilities, RawEvent, SoftwarePmu, Vendor,
+    AllowAll, BackendError, ContextError, CounterSet, EventFilter, ExecMode, GuestPolicy, HwEvent,
+    Indices, MsrOutcome, Overflow, PmuBackend, PmuCapabilities, RawEvent, SoftwarePmu, Vendor,
 };
 pub use filter::{EventList, EventMatch, FilterAction, ListFull};
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};

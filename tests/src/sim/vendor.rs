@@ -7,7 +7,7 @@ use core::fmt;
 
 use vpmu::abi::{CounterPair, Page, PageView, PageViewMut};
 use vpmu::{PmuBackend, SoftwarePmu};
-use vpmu_amd::{AmdBackend, AmdPmu, AmdPmuModel, PmuShape};
+use vpmu_amd::{AmdCaps, AmdPmu, AmdPmuModel, PmuShape};
 use vpmu_intel::{IntelPmu, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
 
 use super::truth::{CounterSetup, SimEvent};
@@ -95,7 +95,7 @@ pub fn amd_legacy() -> AmdSetup {
 
 impl IntelSetup {
     fn pmu(&self) -> IntelPmu {
-        IntelPmu::from_cpuid_reader(self.cpuid, self.perf_capabilities).expect("supported shape")
+        IntelPmu::from_cpuid(self.cpuid, self.perf_capabilities).expect("supported shape")
     }
 }
 
@@ -136,13 +136,13 @@ impl SimVendor for IntelSetup {
 }
 
 impl AmdSetup {
-    fn pmu(&self) -> AmdPmu {
-        AmdPmu::new(self.shape).expect("valid shape")
+    fn caps(&self) -> AmdCaps {
+        AmdCaps::from_shape(self.shape).expect("valid shape")
     }
 }
 
 impl SimVendor for AmdSetup {
-    type Backend = AmdBackend;
+    type Backend = AmdPmu;
     type Model = AmdPmuModel;
     type Raw = vpmu_amd::ModelRegisters;
 
@@ -150,12 +150,12 @@ impl SimVendor for AmdSetup {
         self.label.to_string()
     }
 
-    fn backend(&self) -> AmdBackend {
-        AmdBackend::new(self.pmu()).expect("backend")
+    fn backend(&self) -> AmdPmu {
+        AmdPmu::new(self.caps()).expect("backend")
     }
 
     fn model(&self) -> AmdPmuModel {
-        AmdPmuModel::new(&self.pmu())
+        AmdPmuModel::new(self.caps())
     }
 
     fn raw(model: &AmdPmuModel) -> vpmu_amd::ModelRegisters {
@@ -168,11 +168,11 @@ impl SimVendor for AmdSetup {
     }
 
     fn driver(&self) -> Driver {
-        let pmu = self.pmu();
+        let caps = self.caps();
         Driver::Amd {
-            counters: pmu.counters(),
-            ext: pmu.has_ext_core(),
-            v2: pmu.has_perfmon_v2(),
+            counters: caps.gp_counters(),
+            ext: caps.has_ext_core(),
+            v2: caps.has_perfmon_v2(),
         }
     }
 }

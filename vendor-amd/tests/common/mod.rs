@@ -5,7 +5,7 @@ use vpmu::{
     CountingBus, ExecMode, GuestPolicy, HwEvent, Msr, MsrAccessStats, MsrOutcome, Overflow,
     PmuBackend, SoftwarePmu,
 };
-use vpmu_amd::{AmdBackend, AmdContext, AmdPmu, AmdPmuModel, PmuShape};
+use vpmu_amd::{AmdCaps, AmdContext, AmdPmu, AmdPmuModel, PmuShape};
 
 pub const K7_CTL: u32 = 0xC001_0000;
 pub const K7_CTR: u32 = 0xC001_0004;
@@ -54,8 +54,8 @@ pub fn ext_ctr(i: u32) -> u32 {
     EXT_CTL + 2 * i + 1
 }
 
-pub fn pmu(shape: PmuShape) -> AmdPmu {
-    AmdPmu::new(shape).expect("test shapes are valid")
+pub fn pmu(shape: PmuShape) -> AmdCaps {
+    AmdCaps::from_shape(shape).expect("test shapes are valid")
 }
 
 /// The control MSR of counter `i` a guest of this shape would use.
@@ -76,7 +76,7 @@ pub fn ctr_msr(shape: PmuShape, i: u32) -> u32 {
 
 /// One vCPU with its context loaded on a model CPU.
 pub struct Vcpu {
-    pub backend: AmdBackend,
+    pub backend: AmdPmu,
     pub ctx: AmdContext,
     pub hw: AmdPmuModel,
     pub policy: GuestPolicy<'static>,
@@ -91,8 +91,8 @@ impl Vcpu {
 
     pub fn with_policy(shape: PmuShape, policy: GuestPolicy<'static>) -> Self {
         let pmu = pmu(shape);
-        let backend = AmdBackend::new(pmu).expect("backend");
-        let mut hw = AmdPmuModel::new(&pmu);
+        let backend = AmdPmu::new(pmu).expect("backend");
+        let mut hw = AmdPmuModel::new(pmu);
         backend.clean_hardware(&mut hw).expect("clean");
         let ctx = backend.new_context();
         backend.load(&ctx, &mut hw).expect("load");

@@ -67,7 +67,7 @@ pub struct Vcpu {
 impl Machine {
     /// The backend and a model of the same CPU, the model brought to the clean state.
     pub fn new(shape: SyntheticCpuid, perf_capabilities: Option<u64>) -> Self {
-        let pmu = IntelPmu::from_cpuid_reader(shape, perf_capabilities).expect("supported PMU");
+        let pmu = IntelPmu::from_cpuid(shape, perf_capabilities).expect("supported PMU");
         let mut hw = IntelPmuModel::new(*pmu.caps());
         pmu.clean_hardware(&mut hw).expect("model accepts cleaning");
         Machine { pmu, hw }

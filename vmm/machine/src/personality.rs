@@ -1,5 +1,6 @@
 //! Vendor personalities: the backend, the software PMU model each pCPU gets, and the guest's
-//! CPUID built from the model (vendor string, Intel leaf 0xA or the AMD PMU leaves).
+//! CPUID: the vendor string, and the PMU leaves the vendor crates synthesize from the
+//! enumeration (`IntelCaps::guest_leaf_0xa`, `AmdCaps::guest_leaves`), edited into KVM's table.
 //!
 //! Each personality runs under one event [`Source`], and what that source cannot count is
 //! advertised as unavailable. Intel: through the leaf 0xA EBX vector and the fixed counters
@@ -11,7 +12,7 @@
 
 use kvm_bindings::{CpuId, kvm_cpuid_entry2};
 use vpmu::{PmuBackend, SoftwarePmu};
-use vpmu_amd::{AmdBackend, AmdPmu, AmdPmuModel, PmuShape};
+use vpmu_amd::{AmdCaps, AmdPmu, AmdPmuModel, CPUID_PERFMON_LEAF, PmuShape};
 use vpmu_intel::{IntelCaps, IntelPmu, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
 
 /// Where the software PMU's events come from.
@@ -112,6 +113,15 @@ pub const INTEL_UNAVAILABLE_PRECISE: u32 = 0b1101_1101;
 /// cycles.
 pub const INTEL_UNAVAILABLE_TIMED: u32 = 0b1111_1010;
 
+/// The architectural events `source` cannot count. The model is told too (it then counts none
+/// of them), not only the guest.
+fn intel_unavailable(source: Source) -> u32 {
+    match source {
+        Source::Precise => INTEL_UNAVAILABLE_PRECISE,
+        Source::Timed => INTEL_UNAVAILABLE_TIMED,
+    }
+}
+
 impl Intel {
     /// Version 5: 8 GP counters, FW_WRITE; fixed counter 0 (precise) or 1 and 2 (timed).
     pub fn v5(source: Source) -> Self {
@@ -119,10 +129,7 @@ impl Intel {
             Source::Precise => SyntheticCpuid::v5(8, 1, 0),
             Source::Timed => SyntheticCpuid::v5(8, 0, 0b110),
         };
-        cpuid.unavailable_events = match source {
-            Source::Precise => INTEL_UNAVAILABLE_PRECISE,
-            Source::Timed => INTEL_UNAVAILABLE_TIMED,
-        };
+        cpuid.unavailable_events = intel_unavailable(source);
         Self {
             source,
             cpuid,
@@ -134,10 +141,7 @@ impl Intel {
     /// (timed: v2 has no bitmap; fixed counter 0 never counts).
     pub fn v2(source: Source) -> Self {
         let mut cpuid = SyntheticCpuid::v2(4, if source == Source::Timed { 3 } else { 1 });
-        cpuid.unavailable_events = match source {
-            Source::Precise => INTEL_UNAVAILABLE_PRECISE,
-            Source::Timed => INTEL_UNAVAILABLE_TIMED,
-        } & 0x7f;
+        cpuid.unavailable_events = intel_unavailable(source);
         Self {
             source,
             cpuid,
@@ -146,7 +150,7 @@ impl Intel {
     }
 
     fn caps(&self) -> IntelCaps {
-        IntelCaps::from_cpuid_reader(self.cpuid, self.perf_capabilities).expect("valid shape")
+        IntelCaps::from_cpuid(self.cpuid, self.perf_capabilities).expect("valid shape")
     }
 }
 
@@ -201,13 +205,20 @@ impl Personality for Intel {
             e.eax = e.eax.max(0xa);
             (e.ebx, e.ecx, e.edx) = (b, c, d);
         });
-        let pdcm = self.cpuid.leaf(1, 0).ecx & (1 << 15);
+        let caps = self.caps();
+        let pdcm = u32::from(caps.has_perf_capabilities()) << 15;
         edit_leaf(cpuid, 1, |e| e.ecx = (e.ecx & !(1 << 15)) | pdcm);
-        let a = self.cpuid.leaf(0xa, 0);
-        set_leaf(cpuid, 0xa, 0, [a.eax, a.ebx, a.ecx, a.edx]);
+        set_leaf(
+            cpuid,
+            0xa,
+            0,
+            caps.guest_leaf_0xa(intel_unavailable(self.source)),
+        );
         // No AMD PMU leaves for an Intel guest.
-        edit_leaf(cpuid, 0x8000_0001, |e| e.ecx &= !(1 << 23));
-        set_leaf(cpuid, 0x8000_0022, 0, [0; 4]);
+        edit_leaf(cpuid, 0x8000_0001, |e| {
+            e.ecx &= !vpmu_amd::CPUID_PERF_CTR_EXT_CORE
+        });
+        set_leaf(cpuid, CPUID_PERFMON_LEAF, 0, [0; 4]);
     }
 }
 
@@ -221,13 +232,13 @@ pub struct Amd {
 }
 
 impl Amd {
-    fn pmu(&self) -> AmdPmu {
-        AmdPmu::new(self.shape).expect("valid shape")
+    fn caps(&self) -> AmdCaps {
+        AmdCaps::from_shape(self.shape).expect("valid shape")
     }
 }
 
 impl Personality for Amd {
-    type Backend = AmdBackend;
+    type Backend = AmdPmu;
     type Model = AmdPmuModel;
 
     fn source(&self) -> Source {
@@ -243,12 +254,12 @@ impl Personality for Amd {
         format!("amd {shape} {}", self.source.name())
     }
 
-    fn backend(&self) -> AmdBackend {
-        AmdBackend::new(self.pmu()).expect("valid shape")
+    fn backend(&self) -> AmdPmu {
+        AmdPmu::new(self.caps()).expect("valid shape")
     }
 
     fn model(&self) -> AmdPmuModel {
-        AmdPmuModel::new(&self.pmu())
+        AmdPmuModel::new(self.caps())
     }
 
     fn counting(&self, model: &AmdPmuModel) -> bool {
@@ -268,16 +279,14 @@ impl Personality for Amd {
         let (b, d, c) = vendor_words(b"AuthenticAMD");
         edit_leaf(cpuid, 0, |e| (e.ebx, e.ecx, e.edx) = (b, c, d));
         set_leaf(cpuid, 0xa, 0, [0; 4]);
-        let ext = !matches!(self.shape, PmuShape::LegacyK7);
+        let leaves = self.caps().guest_leaves();
         edit_leaf(cpuid, 0x8000_0001, |e| {
-            e.ecx = (e.ecx & !(1 << 23)) | (u32::from(ext) << 23);
+            e.ecx = leaves.edit_ext_features(e.ecx)
         });
-        edit_leaf(cpuid, 0x8000_0000, |e| e.eax = e.eax.max(0x8000_0022));
-        let leaf = match self.shape {
-            PmuShape::PerfMonV2 { counters } => [1, u32::from(counters), 0, 0],
-            _ => [0; 4],
-        };
-        set_leaf(cpuid, 0x8000_0022, 0, leaf);
+        edit_leaf(cpuid, 0x8000_0000, |e| {
+            e.eax = leaves.edit_max_extended_leaf(e.eax);
+        });
+        set_leaf(cpuid, CPUID_PERFMON_LEAF, 0, leaves.perfmon);
     }
 }
 
