@@ -10,6 +10,7 @@
 //!   callgrind collects in (`--collect-atstart=no --toggle-collect`). Collection is toggled off
 //!   again inside every access of the bus (`ExcludedBus`); the platform (the simulator's) is
 //!   counted with the core: it is a few map lookups and queue pushes.
+//! * `instructions trace VENDOR SCENARIO` prints the MSR accesses of the measured operation.
 //! * `instructions list` lists the scenarios.
 //!
 //! Instruction counts are deterministic for one binary: no timing is involved. `scripts/
@@ -77,10 +78,21 @@ fn vpmu_bench_excluded<R>(access: impl FnOnce() -> R) -> R {
     std::hint::black_box(access())
 }
 
+/// `instructions trace`: print each access made while measuring.
+static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn trace(what: &str, msr: Msr, value: &Result<u64, MsrFault>) {
+    if TRACING.load(Ordering::Relaxed) && MEASURING.load(Ordering::Relaxed) {
+        eprintln!("  {what} {:#010x} {value:x?}", msr.0);
+    }
+}
+
 impl<M: MsrBus> MsrBus for ExcludedBus<M> {
     fn read(&mut self, msr: Msr) -> Result<u64, MsrFault> {
         if MEASURING.load(Ordering::Relaxed) {
-            vpmu_bench_excluded(|| self.0.read(msr))
+            let value = vpmu_bench_excluded(|| self.0.read(msr));
+            trace("RDMSR", msr, &value);
+            value
         } else {
             self.0.read(msr)
         }
@@ -88,6 +100,7 @@ impl<M: MsrBus> MsrBus for ExcludedBus<M> {
 
     fn write(&mut self, msr: Msr, value: u64) -> Result<(), MsrFault> {
         if MEASURING.load(Ordering::Relaxed) {
+            trace("WRMSR", msr, &Ok(value));
             vpmu_bench_excluded(|| self.0.write(msr, value))
         } else {
             self.0.write(msr, value)
@@ -575,7 +588,13 @@ fn main() -> ExitCode {
             )
         }),
         ["table"] => table(),
-        _ => Err("usage: instructions list | run VENDOR SCENARIO | table".into()),
+        ["trace", vendor, scenario] => {
+            TRACING.store(true, Ordering::Relaxed);
+            run(vendor, scenario).map(|m| format!("msr_accesses={}\n", m.msr_accesses))
+        }
+        _ => Err(
+            "usage: instructions list | run VENDOR SCENARIO | trace VENDOR SCENARIO | table".into(),
+        ),
     };
     match result {
         Ok(text) => {
