@@ -30,8 +30,8 @@ const LVT_MASKED: u32 = 1 << 16;
 
 /// What the VMM was doing while a hypervisor sample was taken (hv mode): the exit it was
 /// handling. The VMM is a host process whose code addresses mean nothing to a guest, so a
-/// hypervisor sample's RIP is the activity's ID in a reserved range (`rip`), which
-/// `vpmu profile` names with `VmmActivity::symbols`.
+/// hypervisor sample's RIP is the activity's ID in a reserved range (`rip`, one page of
+/// addresses per activity), which a consumer may name as it likes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VmmActivity {
     /// A port I/O exit (console, slices, the profiler's idle loop).
@@ -49,8 +49,10 @@ pub enum VmmActivity {
 impl VmmActivity {
     /// The first reserved hypervisor RIP.
     pub const RIP_BASE: u64 = 0xffff_ff00_0000_0000;
-    const STRIDE: u64 = 0x1000;
-    const ALL: [Self; 5] = [
+    /// The addresses each activity's range spans.
+    pub const STRIDE: u64 = 0x1000;
+    /// Every activity.
+    pub const ALL: [Self; 5] = [
         Self::PortIo,
         Self::MsrAccess,
         Self::Hypercall,
@@ -61,23 +63,6 @@ impl VmmActivity {
     /// The RIP of a hypervisor sample taken during this activity.
     pub fn rip(self) -> u64 {
         Self::RIP_BASE + self as u64 * Self::STRIDE
-    }
-
-    /// A symbol table naming every activity's RIP range: (start, length, name).
-    pub fn symbols() -> Vec<(u64, u64, String)> {
-        Self::ALL
-            .iter()
-            .map(|a| {
-                let name = match a {
-                    Self::PortIo => "vmm_port_io_exit",
-                    Self::MsrAccess => "vmm_pmu_msr_exit",
-                    Self::Hypercall => "vmm_xenpmu_hypercall",
-                    Self::Kick => "vmm_kick_exit",
-                    Self::Other => "vmm_other_exit",
-                };
-                (a.rip(), Self::STRIDE, name.to_string())
-            })
-            .collect()
     }
 
     /// The registers of a hypervisor sample (only the RIP, CS and mode are meaningful: the

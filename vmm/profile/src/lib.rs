@@ -248,7 +248,7 @@ fn domain_infos(data: &RunData, workloads: &[DomainPlan]) -> Vec<DomainInfo> {
         domains.push(DomainInfo {
             origin: Origin::Hypervisor,
             name: "vmm".into(),
-            symbols: Symbols::from_table(VmmActivity::symbols()),
+            symbols: Symbols::from_table(vmm_activity_symbols()),
             dropped: dropped(Origin::Hypervisor),
         });
     }
@@ -454,6 +454,24 @@ fn write_outputs(
         json.display()
     );
     Ok(())
+}
+
+/// The names `vpmu profile` gives the VMM's activities in hypervisor samples: a symbol table of
+/// their reserved RIP ranges (start, length, name).
+fn vmm_activity_symbols() -> Vec<(u64, u64, String)> {
+    VmmActivity::ALL
+        .iter()
+        .map(|&activity| {
+            let name = match activity {
+                VmmActivity::PortIo => "vmm_port_io_exit",
+                VmmActivity::MsrAccess => "vmm_pmu_msr_exit",
+                VmmActivity::Hypercall => "vmm_xenpmu_hypercall",
+                VmmActivity::Kick => "vmm_kick_exit",
+                VmmActivity::Other => "vmm_other_exit",
+            };
+            (activity.rip(), VmmActivity::STRIDE, name.to_string())
+        })
+        .collect()
 }
 
 #[cfg(test)]
