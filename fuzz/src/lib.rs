@@ -2,8 +2,11 @@
 //! state must keep whatever a guest feeds the backends.
 
 use vpmu::{AllowAll, EventFilter, GuestPolicy, PmuBackend, RawEvent};
-use vpmu_amd::{AmdPmu, AmdCaps, AmdPmuModel, PmuShape};
-use vpmu_intel::{IntelPmu, IntelPmuModel, SyntheticCpuid};
+use vpmu_amd::{AmdPmu, PmuShape};
+use vpmu_intel::{IntelPmu, PERF_CAP_FW_WRITES};
+use vpmu_models::amd::AmdPmuModel;
+use vpmu_models::intel::{IntelPmuModel, SyntheticCpuid};
+use vpmu_models::shapes::{ALL_EVENTS, AmdShape, IntelShape, VendorShape};
 
 /// A filter that denies every event with an odd event select, to exercise the filtered path.
 pub struct DenyOdd;
@@ -28,30 +31,36 @@ pub fn policy(selector: u8) -> GuestPolicy<'static> {
     }
 }
 
-/// An Intel backend and a cleaned model of the same CPU; `shape` picks one of four PMUs.
+/// An Intel backend and a cleaned model of the same CPU; `shape` picks one of four PMUs: the
+/// `intel-v2` and `intel-v5` test shapes (the latter with the debug store), and two exotic ones.
 pub fn intel(shape: u8) -> (IntelPmu, IntelPmuModel) {
-    let (cpuid, perf_caps) = match shape % 4 {
-        0 => (SyntheticCpuid::v2(4, 3), None),
-        1 => (SyntheticCpuid { debug_store: true, ..SyntheticCpuid::v5(8, 4, 0) }, Some(1 << 13)),
-        2 => (SyntheticCpuid::v5(6, 0, 0b1011), Some(1 << 13)),
-        _ => (SyntheticCpuid::v2(2, 0), None),
+    let shape = match shape % 4 {
+        0 => IntelShape::v2(ALL_EVENTS),
+        1 => {
+            let v5 = IntelShape::v5(ALL_EVENTS);
+            IntelShape { cpuid: SyntheticCpuid { debug_store: true, ..v5.cpuid }, ..v5 }
+        }
+        2 => IntelShape { cpuid: SyntheticCpuid::v5(6, 0, 0b1011), perf_capabilities: Some(PERF_CAP_FW_WRITES) },
+        _ => IntelShape { cpuid: SyntheticCpuid::v2(2, 0), perf_capabilities: None },
     };
-    let pmu = IntelPmu::from_cpuid(cpuid, perf_caps).expect("the fuzzed shapes are supported");
-    let mut model = IntelPmuModel::new(*pmu.caps());
-    pmu.init_hardware(&mut model).expect("a model accepts cleaning");
-    (pmu, model)
+    cleaned(shape)
 }
 
-/// An AMD backend and a cleaned model; `shape` picks one of three PMUs.
+/// An AMD backend and a cleaned model; `shape` picks one of three PMUs: the `amd-k7` and
+/// `amd-perfmonv2` test shapes and PerfCtrExtCore.
 pub fn amd(shape: u8) -> (AmdPmu, AmdPmuModel) {
     let shape = match shape % 3 {
-        0 => PmuShape::LegacyK7,
-        1 => PmuShape::PerfCtrExtCore,
-        _ => PmuShape::PerfMonV2 { counters: 6 },
+        0 => AmdShape::k7(),
+        1 => AmdShape { pmu: PmuShape::PerfCtrExtCore },
+        _ => AmdShape::perfmon_v2(),
     };
-    let caps = AmdCaps::from_shape(shape).expect("the fuzzed shapes are supported");
-    let mut model = AmdPmuModel::new(caps);
-    let pmu = AmdPmu::new(caps).expect("six counters fit the page");
+    cleaned(shape)
+}
+
+/// The backend of `shape` and its model, cleaned as a hypervisor cleans each CPU's PMU before
+/// its first load.
+fn cleaned<S: VendorShape>(shape: S) -> (S::Backend, S::Model) {
+    let (pmu, mut model) = (shape.backend(), shape.model());
     pmu.init_hardware(&mut model).expect("a model accepts cleaning");
     (pmu, model)
 }

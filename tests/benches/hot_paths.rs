@@ -7,9 +7,10 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use vpmu::abi::XENPMU_MODE_SELF;
-use vpmu::{ExecMode, Msr, MsrBus, SoftwarePmu, VcpuId};
-use vpmu_tests::oracle::bisect_cycles_until_pmi;
-use vpmu_tests::sim::{Machine, SimVendor, amd_v2, intel_v5};
+use vpmu::{Msr, MsrBus, VcpuId};
+use vpmu_models::oracle::bisect_cycles_until_pmi;
+use vpmu_models::{ExecMode, SoftwarePmu};
+use vpmu_sim::{Machine, SimVendor, amd_v2, intel_v5};
 
 const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };
 const B: VcpuId = VcpuId { domain: 1, vcpu: 1 };

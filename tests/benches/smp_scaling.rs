@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use vpmu::abi::XENPMU_MODE_SELF;
 use vpmu::{Mode, Msr, MsrOutcome, VcpuId, Vpmu};
-use vpmu_tests::sim::machine::Ctx;
-use vpmu_tests::sim::{SimVendor, amd_v2, intel_v5};
+use vpmu_sim::machine::Ctx;
+use vpmu_sim::{SimVendor, amd_v2, intel_v5};
 use vpmu_tests::smp::rng::Rng;
 use vpmu_tests::smp::{OwnedBus, PcpuPlatform, Shared};
 

@@ -1,13 +1,11 @@
 //! Shared helpers for the integration tests: building the C test programs against the
 //! generated header, the deterministic pages the cross-language tests exchange, and the
-//! deterministic machine simulator ([`sim`]) that drives the vpmu core with both vendors'
-//! software PMU models, and the concurrent stress run on real threads ([`smp`]).
+//! concurrent stress run on real threads ([`smp`]) over the machine simulator's vendor shapes
+//! (`vpmu-sim`).
 #![deny(missing_docs)]
 
 pub mod c_build;
-pub mod oracle;
 pub mod pattern_page;
-pub mod sim;
 pub mod smp;
 
 /// The case count of a property suite: `PROPTEST_CASES` when set (as proptest's own default

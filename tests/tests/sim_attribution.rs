@@ -15,9 +15,9 @@
 
 use proptest::prelude::*;
 use vpmu::abi::{XENPMU_DOMID_SELF, XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_SELF};
-use vpmu_tests::sim::strategies::{Knobs, sampling_plans, scenario_strategy};
-use vpmu_tests::sim::workload::symbolize;
-use vpmu_tests::sim::{
+use vpmu_sim::strategies::{Knobs, sampling_plans, scenario_strategy};
+use vpmu_sim::workload::symbolize;
+use vpmu_sim::{
     CounterSpec, PlanSpec, Run, Scenario, SimEvent, SimVendor, Step, Timing, World, amd_legacy,
     amd_v2, intel_v2, intel_v5,
 };
@@ -76,10 +76,7 @@ fn check<V: SimVendor>(vendor: V, scenario: &Scenario) -> World<V> {
         // The RIP is inside a function of the sampled domain, with the function's privilege.
         let function = symbolize(sample.domain, sample.rip)
             .unwrap_or_else(|| panic!("{sample:?}: RIP outside the sampled domain"));
-        assert_eq!(
-            sample.user,
-            vpmu_tests::sim::workload::is_user_function(function)
-        );
+        assert_eq!(sample.user, vpmu_sim::workload::is_user_function(function));
         if sample.receiver.domain != privileged {
             // An unprivileged guest only ever sees itself, never the physical topology.
             assert_eq!(sample.domain_id, XENPMU_DOMID_SELF, "{sample:?}");
@@ -306,7 +303,7 @@ fn a_masked_virtual_lvtpc_drops_pmis_on_intel_only() {
             drops(&check(amd_legacy(), &masked_lvtpc())).0,
         ),
     ] {
-        let intel = name.starts_with("Intel");
+        let intel = name.starts_with("intel");
         assert_eq!(
             dropped > 0,
             intel,

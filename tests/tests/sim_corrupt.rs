@@ -16,8 +16,8 @@ use proptest::prelude::*;
 use vpmu::abi::ops::{OpError, Params};
 use vpmu::abi::{PageView, VendorArea, XENPMU_MODE_ALL, XENPMU_MODE_SELF, XENPMU_OP_FLUSH};
 use vpmu::{Diagnostic, VcpuState};
-use vpmu_tests::sim::world::Pending;
-use vpmu_tests::sim::{
+use vpmu_sim::world::Pending;
+use vpmu_sim::{
     CounterSpec, PlanSpec, Run, Scenario, SimEvent, SimVendor, Snapshot, Step, Timing, World,
     amd_legacy, amd_v2, intel_v2, intel_v5,
 };
@@ -123,7 +123,7 @@ fn take_sample<V: SimVendor>(world: &mut World<V>, mode: u64) -> usize {
 fn apply(
     area: &mut VendorArea,
     corruption: &Corruption,
-    world_driver: vpmu_tests::sim::Driver,
+    world_driver: vpmu_sim::Driver,
     status: u64,
     host: bool,
 ) -> bool {

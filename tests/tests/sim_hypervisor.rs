@@ -13,8 +13,8 @@ use vpmu::abi::{
     XENPMU_MODE_SELF, XENPMU_REGS_MODE_HYPERVISOR,
 };
 use vpmu::{Interrupted, PmiOutcome, VcpuId};
-use vpmu_tests::sim::helpers::sampling;
-use vpmu_tests::sim::{Machine, PmiRecord, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
+use vpmu_sim::helpers::sampling;
+use vpmu_sim::{Machine, PmiRecord, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
 
 const P: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };

@@ -3,12 +3,12 @@
 //! idling) and guest MSR programs (counting and sampling counters, enable toggles, reads at
 //! random points, PMIs through the virtual LVTPC or the shared page, handled at once or when
 //! the vCPU next runs), for both vendors. Every run also checks every PMI against the ground
-//! truth's prediction and PMI conservation (`vpmu_tests::sim::World`).
+//! truth's prediction and PMI conservation (`vpmu_sim::World`).
 
 use proptest::prelude::*;
 use vpmu::abi::{XENPMU_MODE_HV, XENPMU_MODE_OFF, XENPMU_MODE_SELF};
-use vpmu_tests::sim::strategies::{Knobs, scenario_strategy};
-use vpmu_tests::sim::{
+use vpmu_sim::strategies::{Knobs, scenario_strategy};
+use vpmu_sim::{
     CounterSpec, PlanSpec, Run, Scenario, SimEvent, SimVendor, Step, Timing, World, amd_legacy,
     amd_v2, intel_v2, intel_v5,
 };

@@ -9,9 +9,10 @@ use vpmu::abi::{
     PageView, XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_OFF, XENPMU_MODE_SELF, XENPMU_OP_FINISH,
     XENPMU_OP_FLUSH, XENPMU_OP_INIT, XENPMU_OP_MODE_SET,
 };
-use vpmu::{MsrOutcome, PmiOutcome, SoftwarePmu, VcpuId, VcpuState};
-use vpmu_tests::sim::helpers::{counting, sampling};
-use vpmu_tests::sim::{Machine, SimVendor, amd_legacy, amd_v2, guest_frame, intel_v2, intel_v5};
+use vpmu::{MsrOutcome, PmiOutcome, VcpuId, VcpuState};
+use vpmu_models::SoftwarePmu;
+use vpmu_sim::helpers::{counting, sampling};
+use vpmu_sim::{Machine, SimVendor, amd_legacy, amd_v2, guest_frame, intel_v2, intel_v5};
 
 const P: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };
@@ -39,7 +40,7 @@ fn all_clean<V: SimVendor>(m: &Machine<V>) -> bool {
     m.pcpus.iter().all(|cpu| V::is_clean(cpu.hw()))
 }
 
-fn delivered_to(records: &[vpmu_tests::sim::PmiRecord], to: VcpuId) -> usize {
+fn delivered_to(records: &[vpmu_sim::PmiRecord], to: VcpuId) -> usize {
     records
         .iter()
         .filter(|r| matches!(r.outcome, Some(PmiOutcome::Delivered { to: t, .. }) if t == to))

@@ -21,10 +21,8 @@ use vpmu::abi::{
     XENPMU_OP_MODE_SET, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
 };
 use vpmu::{PmiOutcome, VcpuId, VcpuState, Vpmu};
-use vpmu_tests::sim::helpers::sampling;
-use vpmu_tests::sim::{
-    Machine, SimVendor, Snapshot, amd_legacy, amd_v2, guest_frame, intel_v2, intel_v5,
-};
+use vpmu_sim::helpers::sampling;
+use vpmu_sim::{Machine, SimVendor, Snapshot, amd_legacy, amd_v2, guest_frame, intel_v2, intel_v5};
 
 const PRIVILEGED: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const GUEST: VcpuId = VcpuId { domain: 1, vcpu: 0 };

@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use vpmu::abi::{XENPMU_MODE_ALL, XENPMU_MODE_SELF};
-use vpmu_tests::sim::workload::{
+use vpmu_sim::workload::{
     FUNCTIONS, function_name, skewed_workload_strategy, symbolize, workload_strategy,
 };
-use vpmu_tests::sim::{
+use vpmu_sim::{
     CounterSpec, PlanSpec, Run, Sample, Scenario, SimEvent, SimVendor, Step, Timing, World,
     amd_legacy, amd_v2, intel_v2, intel_v5,
 };

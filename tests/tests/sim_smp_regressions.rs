@@ -24,14 +24,12 @@ use vpmu::abi::{
     PageView, XENPMU_FEATURE_INTEL_BTS, XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_SELF,
     XENPMU_OP_FEATURE_SET, XENPMU_OP_FLUSH, XENPMU_OP_INIT, XENPMU_OP_MODE_SET,
 };
-use vpmu::{
-    Completion, CrossCpuRequest, HwEvent, PmiOutcome, SoftwarePmu, VcpuId, VcpuPmu, VcpuState,
-    VcpuTable,
-};
-use vpmu_intel::SyntheticCpuid;
-use vpmu_tests::sim::helpers::{counting, sampling};
-use vpmu_tests::sim::{
-    IntelSetup, Machine, SimFilter, SimPlatform, SimVcpus, SimVendor, amd_legacy, amd_v2,
+use vpmu::{Completion, CrossCpuRequest, PmiOutcome, VcpuId, VcpuPmu, VcpuState, VcpuTable};
+use vpmu_models::intel::SyntheticCpuid;
+use vpmu_models::{HwEvent, SoftwarePmu};
+use vpmu_sim::helpers::{counting, sampling};
+use vpmu_sim::{
+    IntelShape, Machine, SimFilter, SimPlatform, SimVcpus, SimVendor, amd_legacy, amd_v2,
     guest_frame, intel_v2, intel_v5,
 };
 
@@ -50,7 +48,7 @@ fn counter(m: &mut Machine<impl SimVendor>, id: VcpuId, ctr: u32) -> u64 {
 /// Counts `n` kernel instructions on `pcpu`'s model without taking the PMI they may raise:
 /// the window between an overflow and its interrupt.
 fn count_silently(m: &mut Machine<impl SimVendor>, pcpu: u32, n: u64) {
-    let mode = vpmu::ExecMode {
+    let mode = vpmu_models::ExecMode {
         cpl: 0,
         host: false,
     };
@@ -233,15 +231,15 @@ fn leaving_hv_mode_removes_a_host_only_qualifier_from_the_hardware() {
 }
 
 #[allow(non_snake_case)]
-fn amd_control0(m: &Machine<vpmu_tests::sim::AmdSetup>) -> u64 {
-    <vpmu_tests::sim::AmdSetup as SimVendor>::raw(m.pcpus[0].hw()).controls[0]
+fn amd_control0(m: &Machine<vpmu_sim::AmdShape>) -> u64 {
+    <vpmu_sim::AmdShape as SimVendor>::raw(m.pcpus[0].hw()).controls[0]
 }
 
 #[test]
 fn clearing_bts_unloads_ds_area_and_a_cached_sample_still_flushes() {
     const DS_AREA: u32 = 0x600;
     // BTS needs a CPU that enumerates the debug store.
-    let with_ds = |setup: IntelSetup| IntelSetup {
+    let with_ds = |setup: IntelShape| IntelShape {
         cpuid: SyntheticCpuid {
             debug_store: true,
             ..setup.cpuid
@@ -262,7 +260,7 @@ fn clearing_bts_unloads_ds_area_and_a_cached_sample_still_flushes() {
         m.write(P, (DS_AREA, 0x10_0000));
         m.program(P, &[sampling(0, 3)]);
         assert_eq!(
-            <IntelSetup as SimVendor>::raw(m.pcpus[0].hw()).ds_area,
+            <IntelShape as SimVendor>::raw(m.pcpus[0].hw()).ds_area,
             0x10_0000,
             "{name}: the DS area is loaded with the context"
         );
@@ -278,7 +276,7 @@ fn clearing_bts_unloads_ds_area_and_a_cached_sample_still_flushes() {
         let clear = m.op(P, XENPMU_OP_FEATURE_SET, &Params::new(0, 0));
         assert!(clear.is_ok(), "{name}: {clear:?}");
         assert_eq!(
-            <IntelSetup as SimVendor>::raw(m.pcpus[0].hw()).ds_area,
+            <IntelShape as SimVendor>::raw(m.pcpus[0].hw()).ds_area,
             0,
             "{name}: DS_AREA is not left on the hardware"
         );
@@ -289,7 +287,7 @@ fn clearing_bts_unloads_ds_area_and_a_cached_sample_still_flushes() {
             "{name}: the unedited page flushes: {flush:?}"
         );
         assert_eq!(
-            <IntelSetup as SimVendor>::raw(m.pcpus[0].hw()).ds_area,
+            <IntelShape as SimVendor>::raw(m.pcpus[0].hw()).ds_area,
             0,
             "{name}: nor does the flush bring it back"
         );

@@ -12,10 +12,11 @@
 //! Run with `--nocapture` for the table.
 
 use vpmu::abi::{XENPMU_MODE_ALL, XENPMU_MODE_SELF};
-use vpmu::{MsrAccessStats, SoftwarePmu, VcpuId};
-use vpmu_tests::sim::helpers::counting;
-use vpmu_tests::sim::vendor::FIXED0;
-use vpmu_tests::sim::{Driver, Machine, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
+use vpmu::{MsrAccessStats, VcpuId};
+use vpmu_models::SoftwarePmu;
+use vpmu_sim::helpers::counting;
+use vpmu_sim::vendor::FIXED0;
+use vpmu_sim::{Driver, Machine, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
 
 const PROFILER: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };

@@ -55,13 +55,12 @@ use vpmu::abi::ops::{OpError, Params};
 use vpmu::abi::{
     XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_OFF, XENPMU_MODE_SELF, XENPMU_OP_MODE_SET,
 };
-use vpmu::{
-    Completion, ExecMode, HwEvent, Mode, Msr, MsrBus, PmiOutcome, SoftwarePmu, VcpuId, VcpuState,
-};
-use vpmu_tests::sim::machine::Ctx;
-use vpmu_tests::sim::truth::{CounterSetup, SimEvent};
-use vpmu_tests::sim::vendor::COUNTER_MASK;
-use vpmu_tests::sim::{Machine, SimFilter, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
+use vpmu::{Completion, Mode, Msr, MsrBus, PmiOutcome, VcpuId, VcpuState};
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
+use vpmu_sim::machine::Ctx;
+use vpmu_sim::truth::{CounterSetup, SimEvent};
+use vpmu_sim::vendor::COUNTER_MASK;
+use vpmu_sim::{Machine, SimFilter, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
 use vpmu_tests::smp::{self, Config, OwnedBus};
 
 const DEFAULT_STEPS: u64 = 50_000;

@@ -4,7 +4,7 @@
 //! enumeration ([`AmdCaps`], from CPUID: legacy K7, PerfCtrExtCore, PerfMonV2), the MSR map
 //! ([`msrs`]), write legality ([`policy`]), save/restore and overflow detection, and the shared
 //! page's vendor area; [`AmdCaps::guest_leaves`] gives the CPUID bits that describe the PMU to a
-//! guest. Behind the `model` feature, a software AMD PMU (`model::AmdPmuModel`).
+//! guest. (A software AMD PMU that behaves like the hardware is in the `vpmu-models` crate.)
 //!
 //! ```
 //! # fn main() -> Result<(), vpmu_amd::BackendError> {
@@ -98,14 +98,9 @@ mod context;
 pub mod msrs;
 pub mod policy;
 
-#[cfg(any(test, feature = "model"))]
-pub mod model;
-
 pub use backend::{AmdPmu, BackendError};
 pub use caps::{
     AmdCaps, AmdGuestLeaves, CPUID_PERF_CTR_EXT_CORE, CPUID_PERFMON_LEAF, CPUID_PERFMON_V2,
     EnumerationError, Lookup, PmuShape,
 };
 pub use context::AmdContext;
-#[cfg(any(test, feature = "model"))]
-pub use model::{AmdPmuModel, ModelRegisters};

@@ -5,10 +5,11 @@ mod common;
 
 use common::*;
 use vpmu::{
-    AllowAll, CounterSet, EventFilter, GuestPolicy, HwEvent, Msr, MsrBus, MsrOutcome, PmuBackend,
-    RawEvent, SoftwarePmu,
+    AllowAll, CounterSet, EventFilter, GuestPolicy, Msr, MsrBus, MsrOutcome, PmuBackend, RawEvent,
 };
-use vpmu_amd::{AmdPmu, AmdPmuModel, PmuShape};
+use vpmu_amd::{AmdPmu, PmuShape};
+use vpmu_models::amd::AmdPmuModel;
+use vpmu_models::{HwEvent, SoftwarePmu};
 
 const GP: MsrOutcome<()> = MsrOutcome::GeneralProtection;
 const GP_READ: MsrOutcome<u64> = MsrOutcome::GeneralProtection;
@@ -341,7 +342,7 @@ fn privilege_gating() {
     vcpu.run(
         HwEvent::CoreCycles,
         13,
-        vpmu::ExecMode {
+        vpmu_models::ExecMode {
             cpl: 1,
             host: false,
         },

@@ -1,41 +1,19 @@
 //! `SoftwarePmu::cycles_until_pmi` of the AMD model against its definition: the smallest `n`
 //! for which a copy of the model, its PMI line taken, raises it again after
-//! `count(CoreCycles, n); count(RefCycles, n)` — found here by bisection over clones.
+//! `count(CoreCycles, n); count(RefCycles, n)` — found by bisection over clones
+//! (`vpmu_models::oracle`).
 
 mod common;
 
 use common::*;
 use proptest::prelude::*;
-use vpmu::{ExecMode, HwEvent, Msr, MsrBus, SoftwarePmu};
-use vpmu_amd::{AmdPmuModel, PmuShape};
+use vpmu::{Msr, MsrBus};
+use vpmu_amd::PmuShape;
+use vpmu_models::amd::AmdPmuModel;
+use vpmu_models::oracle::{bisect_cycles_until_pmi, raises_pmi_after};
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
 const HORIZON: u64 = 1 << 48;
-
-/// Whether `n` cycles raise the PMI line anew on a copy of `model`.
-fn raises(model: &AmdPmuModel, n: u64, mode: ExecMode) -> bool {
-    let mut m = model.clone();
-    m.take_pmi();
-    m.count(HwEvent::CoreCycles, n, mode);
-    m.count(HwEvent::RefCycles, n, mode);
-    m.pmi_pending()
-}
-
-/// The definition, by bisection (raising is monotonic in `n`).
-fn bisect(model: &AmdPmuModel, mode: ExecMode) -> Option<u64> {
-    let (mut lo, mut hi) = (0u64, HORIZON);
-    if !raises(model, hi, mode) {
-        return None;
-    }
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if raises(model, mid, mode) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Some(hi)
-}
 
 #[derive(Clone, Debug)]
 struct Program {
@@ -126,11 +104,11 @@ proptest! {
     fn cycles_until_pmi_is_the_first_cycle_count_that_raises_the_line(p in program()) {
         let m = programmed(&p);
         let computed = m.cycles_until_pmi(p.mode);
-        prop_assert_eq!(computed, bisect(&m, p.mode));
+        prop_assert_eq!(computed, bisect_cycles_until_pmi(&m, p.mode));
         if let Some(n) = computed {
             prop_assert!((1..=HORIZON).contains(&n));
-            prop_assert!(raises(&m, n, p.mode));
-            prop_assert!(!raises(&m, n - 1, p.mode));
+            prop_assert!(raises_pmi_after(&m, n, p.mode));
+            prop_assert!(!raises_pmi_after(&m, n - 1, p.mode));
         }
     }
 }

@@ -12,12 +12,11 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use vpmu::{
-    AllowAll, EventFilter, ExecMode, GuestPolicy, HwEvent, Msr, MsrBus, MsrOutcome, PmuBackend,
-    RawEvent, SoftwarePmu,
-};
+use vpmu::{AllowAll, EventFilter, GuestPolicy, Msr, MsrBus, MsrOutcome, PmuBackend, RawEvent};
+use vpmu_amd::PmuShape;
 use vpmu_amd::msrs::ctl;
-use vpmu_amd::{AmdPmuModel, PmuShape};
+use vpmu_models::amd::AmdPmuModel;
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
 const PMU_MSRS: [u32; 24] = [
     0xC000_0300,

@@ -6,10 +6,10 @@ mod common;
 use common::*;
 use vpmu::abi::{AmdBanks, VendorArea};
 use vpmu::{
-    AllowAll, ContextError, CounterSet, EventFilter, GuestPolicy, HwEvent, Overflow, PmuBackend,
-    RawEvent, SoftwarePmu,
+    AllowAll, ContextError, CounterSet, EventFilter, GuestPolicy, Overflow, PmuBackend, RawEvent,
 };
 use vpmu_amd::PmuShape;
+use vpmu_models::{HwEvent, SoftwarePmu};
 
 const V2: PmuShape = PmuShape::PerfMonV2 { counters: 6 };
 

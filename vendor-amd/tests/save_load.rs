@@ -5,11 +5,10 @@ mod common;
 
 use common::*;
 use vpmu::abi::{AmdBanks, VendorArea, VendorLayout};
-use vpmu::{
-    ContextError, CountingBus, GuestPolicy, HwEvent, MsrAccessStats, MsrBus, PmuBackend,
-    SoftwarePmu,
-};
-use vpmu_amd::{AmdPmu, AmdPmuModel, PmuShape};
+use vpmu::{ContextError, CountingBus, GuestPolicy, MsrAccessStats, MsrBus, PmuBackend};
+use vpmu_amd::{AmdPmu, PmuShape};
+use vpmu_models::amd::AmdPmuModel;
+use vpmu_models::{HwEvent, SoftwarePmu};
 
 fn program_all(vcpu: &mut Vcpu, shape: PmuShape) {
     let v2 = matches!(shape, PmuShape::PerfMonV2 { .. });

@@ -4,9 +4,9 @@
 
 use raw_cpuid::{CpuId, CpuIdReader};
 use vpmu::bank::{BankMap, Controls, MsrSeries};
-use vpmu::{CounterSet, HwEvent, PmuCapabilities, Vendor};
+use vpmu::{CounterSet, PmuCapabilities, Vendor};
 
-use crate::events::arch_event;
+use crate::events::ArchEvent;
 use crate::msrs::{IA32_A_PMC0, IA32_FIXED_CTR_CTRL, IA32_FIXED_CTR0, IA32_PERFEVTSEL0, IA32_PMC0};
 
 /// Highest architectural PMU version this backend knows the rules of. Later versions only add
@@ -233,8 +233,8 @@ impl IntelCaps {
     }
 
     /// Whether CPUID enumerates architectural event `event` as available.
-    pub fn event_available(&self, event: HwEvent) -> bool {
-        self.unavailable_events & (1 << arch_event(event).unavailable_bit) == 0
+    pub fn event_available(&self, event: ArchEvent) -> bool {
+        self.unavailable_events & (1 << event.unavailable_bit) == 0
     }
 
     /// The availability vector as CPUID.0AH:EBX states it (bit set = unavailable), with bits
@@ -356,6 +356,7 @@ impl IntelCaps {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::ARCH_EVENTS;
     use raw_cpuid::CpuIdResult;
 
     fn reader(leaf_a: CpuIdResult, leaf1_ecx: u32) -> impl Fn(u32, u32) -> CpuIdResult + Clone {
@@ -429,10 +430,8 @@ mod tests {
             edx: 0x603,
         };
         let caps = IntelCaps::from_cpuid(reader(leaf, 0), None).expect("v2 PMU");
-        assert!(!caps.event_available(HwEvent::CoreCycles));
-        assert!(caps.event_available(HwEvent::Instructions));
-        assert!(!caps.event_available(HwEvent::RefCycles));
-        assert!(!caps.event_available(HwEvent::BranchMisses));
+        let available = ARCH_EVENTS.map(|event| caps.event_available(event));
+        assert_eq!(available, [false, true, false, false, false, false, false]);
     }
 
     #[test]
@@ -455,77 +454,5 @@ mod tests {
         assert_eq!(width_mask(0), 0);
         assert_eq!(width_mask(48), 0xffff_ffff_ffff);
         assert_eq!(width_mask(64), u64::MAX);
-    }
-
-    /// `shape` with leaf 0xA replaced by `leaf`.
-    fn with_leaf_0xa(
-        shape: crate::SyntheticCpuid,
-        leaf: [u32; 4],
-    ) -> impl Fn(u32, u32) -> CpuIdResult + Clone {
-        move |function, subleaf| match function {
-            0xa => {
-                let [eax, ebx, ecx, edx] = leaf;
-                CpuIdResult { eax, ebx, ecx, edx }
-            }
-            _ => shape.leaf(function, subleaf),
-        }
-    }
-
-    #[test]
-    fn guest_leaf_0xa_enumerates_to_the_same_caps() {
-        use crate::SyntheticCpuid;
-        let shapes = [
-            (SyntheticCpuid::v2(4, 3), None),
-            (SyntheticCpuid::v2(2, 0), None),
-            (SyntheticCpuid::v5(8, 1, 0), Some(PERF_CAP_FW_WRITES)),
-            (SyntheticCpuid::v5(8, 0, 0b110), Some(PERF_CAP_FW_WRITES)),
-            (SyntheticCpuid::v5(6, 2, 0b1000), Some(0)),
-            (
-                SyntheticCpuid {
-                    event_vector_length: 5,
-                    unavailable_events: 0b10,
-                    gp_width: 40,
-                    ..SyntheticCpuid::v5(3, 4, 0)
-                },
-                None,
-            ),
-        ];
-        for (shape, perf_capabilities) in shapes {
-            let caps = IntelCaps::from_cpuid(shape, perf_capabilities).unwrap();
-            let leaf = caps.guest_leaf_0xa(0);
-            let again = IntelCaps::from_cpuid(with_leaf_0xa(shape, leaf), perf_capabilities);
-            assert_eq!(again, Ok(caps), "{shape:?}");
-
-            let hidden = 0b101;
-            let leaf = caps.guest_leaf_0xa(hidden);
-            let again =
-                IntelCaps::from_cpuid(with_leaf_0xa(shape, leaf), perf_capabilities).unwrap();
-            assert_eq!(
-                again.unavailable_events(),
-                caps.unavailable_events() | hidden
-            );
-            assert!(!again.event_available(HwEvent::CoreCycles));
-        }
-    }
-
-    #[test]
-    fn guest_leaf_0xa_states_the_sdm_fields() {
-        let v5 = IntelCaps::from_cpuid(crate::SyntheticCpuid::v5(8, 1, 0b100), None).unwrap();
-        let [eax, ebx, ecx, edx] = v5.guest_leaf_0xa(0b1000_0001);
-        assert_eq!(eax, 5 | 8 << 8 | 48 << 16 | 8 << 24);
-        assert_eq!(ebx, 0b1000_0001);
-        assert_eq!(ecx, 0b101, "every fixed counter in the v5 bitmap");
-        assert_eq!(
-            edx,
-            1 | 48 << 5 | 1 << 15,
-            "the contiguous ones in the count"
-        );
-        let v2 = IntelCaps::from_cpuid(crate::SyntheticCpuid::v2(4, 3), None).unwrap();
-        let [_, ebx, ecx, edx] = v2.guest_leaf_0xa(u32::MAX);
-        assert_eq!(
-            (ebx, ecx, edx & 0x1f),
-            (0x7f, 0, 3),
-            "no bits beyond the vector length"
-        );
     }
 }

@@ -3,10 +3,10 @@
 //! [`IntelPmu`] implements the core's [`vpmu::PmuBackend`] for Intel architectural performance
 //! monitoring versions 2–5: enumeration ([`IntelCaps`], from CPUID leaf 0xA through raw-cpuid
 //! and IA32_PERF_CAPABILITIES), the MSR map ([`msrs`]), what a guest may write ([`GuestRules`]),
-//! save/restore and overflow collection, and the shared page's vendor area. With the `model`
-//! feature, [`IntelPmuModel`] is a software PMU that behaves like the hardware, and
-//! [`SyntheticCpuid`] describes any PMU shape as a CPUID. [`IntelCaps::guest_leaf_0xa`] gives the
-//! CPUID leaf that describes the PMU to a guest.
+//! save/restore and overflow collection, and the shared page's vendor area.
+//! [`IntelCaps::guest_leaf_0xa`] gives the CPUID leaf that describes the PMU to a guest. (A
+//! software PMU that behaves like the hardware, and a synthetic CPUID for any PMU shape, are in
+//! the `vpmu-models` crate.)
 //!
 //! ```
 //! # fn main() -> Result<(), vpmu_intel::BackendError> {
@@ -98,15 +98,11 @@ mod backend;
 mod caps;
 mod context;
 pub mod events;
-#[cfg(any(test, feature = "model"))]
-mod model;
 pub mod msrs;
 mod page;
 mod policy;
 mod restrict;
 mod switch;
-#[cfg(any(test, feature = "model"))]
-mod synthetic;
 
 pub use backend::{BackendError, IntelPmu};
 pub use caps::{
@@ -114,8 +110,4 @@ pub use caps::{
     MIN_SUPPORTED_VERSION, PERF_CAP_FW_WRITES,
 };
 pub use context::IntelContext;
-#[cfg(any(test, feature = "model"))]
-pub use model::{IntelPmuModel, ModelRegisters};
 pub use policy::{EVTSEL_GUEST_BITS, FIXED_GUEST_BITS, GuestRules, Refused};
-#[cfg(any(test, feature = "model"))]
-pub use synthetic::SyntheticCpuid;

@@ -6,10 +6,9 @@ mod common;
 
 use common::*;
 use vpmu::abi::{XENPMU_FEATURE_ARCH_ONLY, XENPMU_FEATURE_INTEL_BTS, XENPMU_FEATURE_IPC_ONLY};
-use vpmu::{
-    CounterSet, EventFilter, GuestPolicy, HwEvent, MsrOutcome, PmuBackend, RawEvent, SoftwarePmu,
-};
+use vpmu::{CounterSet, EventFilter, GuestPolicy, MsrOutcome, PmuBackend, RawEvent};
 use vpmu_intel::PERF_CAP_FW_WRITES;
+use vpmu_models::{HwEvent, SoftwarePmu};
 
 const GP: MsrOutcome<()> = MsrOutcome::GeneralProtection;
 const WIDTH_48: u64 = (1 << 48) - 1;

@@ -3,8 +3,11 @@
 //! synthetic CPUID is not what these tests check against.
 
 use raw_cpuid::{CpuIdReader, CpuIdResult};
-use vpmu::{GuestPolicy, HwEvent, Msr, MsrOutcome, PmuBackend, Vendor};
-use vpmu_intel::{EnumerationError, IntelCaps, IntelPmu, IntelPmuModel, PERF_CAP_FW_WRITES};
+use vpmu::{GuestPolicy, Msr, MsrOutcome, PmuBackend, Vendor};
+use vpmu_intel::{EnumerationError, IntelCaps, IntelPmu, PERF_CAP_FW_WRITES};
+use vpmu_models::HwEvent;
+use vpmu_models::intel::IntelPmuModel;
+use vpmu_models::intel::arch_event;
 
 const NONE: CpuIdResult = CpuIdResult {
     eax: 0,
@@ -284,7 +287,7 @@ fn event_availability_bits() {
         HwEvent::BranchMisses,
     ]
     .into_iter()
-    .map(|e| caps.event_available(e))
+    .map(|e| caps.event_available(arch_event(e)))
     .collect();
     assert_eq!(available, [true, true, true, true, false, true, false]);
 }

@@ -3,8 +3,10 @@
 mod common;
 
 use common::*;
-use vpmu::{CountingBus, HwEvent, Msr, MsrBus, MsrFault, SoftwarePmu};
-use vpmu_intel::{IntelCaps, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
+use vpmu::{CountingBus, Msr, MsrBus, MsrFault};
+use vpmu_intel::{IntelCaps, PERF_CAP_FW_WRITES};
+use vpmu_models::intel::{IntelPmuModel, SyntheticCpuid};
+use vpmu_models::{HwEvent, SoftwarePmu};
 
 fn model(shape: SyntheticCpuid, perf_capabilities: Option<u64>) -> IntelPmuModel {
     IntelPmuModel::new(IntelCaps::from_cpuid(shape, perf_capabilities).expect("shape"))
@@ -118,7 +120,7 @@ fn gating_by_enable_global_ctrl_privilege_and_event() {
     hw.count(
         HwEvent::Instructions,
         5,
-        vpmu::ExecMode { cpl: 1, host: true },
+        vpmu_models::ExecMode { cpl: 1, host: true },
     );
     hw.count(HwEvent::Branches, 7, KERNEL);
     assert_eq!(hw.registers().gp_counters[..4], [8, 10, 0, 0]);

@@ -8,8 +8,10 @@ use vpmu::abi::{
     CounterPair, IntelBanks, VendorArea, VendorLayout, XENPMU_FEATURE_INTEL_BTS,
     XENPMU_FEATURE_IPC_ONLY,
 };
-use vpmu::{ContextError, EventFilter, GuestPolicy, HwEvent, PmuBackend, RawEvent};
-use vpmu_intel::{IntelContext, SyntheticCpuid};
+use vpmu::{ContextError, EventFilter, GuestPolicy, PmuBackend, RawEvent};
+use vpmu_intel::IntelContext;
+use vpmu_models::HwEvent;
+use vpmu_models::intel::SyntheticCpuid;
 
 fn busy_context(m: &mut Machine) -> IntelContext {
     let mut vcpu = m.vcpu();

@@ -15,23 +15,14 @@ use proptest::prelude::*;
 use vpmu::abi::{
     VendorArea, XENPMU_FEATURE_ARCH_ONLY, XENPMU_FEATURE_INTEL_BTS, XENPMU_FEATURE_IPC_ONLY,
 };
-use vpmu::{
-    AllowAll, EventFilter, ExecMode, GuestPolicy, HwEvent, Msr, MsrBus, MsrOutcome, PmuBackend,
-    RawEvent, SoftwarePmu,
-};
+use vpmu::{AllowAll, EventFilter, GuestPolicy, Msr, MsrBus, MsrOutcome, PmuBackend, RawEvent};
+use vpmu_intel::PERF_CAP_FW_WRITES;
 use vpmu_intel::events::{ARCH_ONLY_EVENTS, IPC_ONLY_EVENTS, umask_event};
 use vpmu_intel::msrs::MSR_RANGES;
-use vpmu_intel::{IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
+use vpmu_models::intel::{IntelPmuModel, SyntheticCpuid};
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
-const EVENTS: [HwEvent; 7] = [
-    HwEvent::Instructions,
-    HwEvent::Branches,
-    HwEvent::CoreCycles,
-    HwEvent::RefCycles,
-    HwEvent::LlcReferences,
-    HwEvent::LlcMisses,
-    HwEvent::BranchMisses,
-];
+const EVENTS: [HwEvent; 7] = HwEvent::ALL;
 
 #[derive(Clone, Debug)]
 enum Op {

@@ -8,11 +8,9 @@ use vpmu::abi::{
     CounterPair, IntelBanks, VendorArea, VendorLayout, XENPMU_FEATURE_INTEL_BTS,
     XENPMU_FEATURE_IPC_ONLY,
 };
-use vpmu::{
-    ContextError, CounterSet, EventFilter, GuestPolicy, HwEvent, Overflow, PmuBackend, RawEvent,
-    SoftwarePmu,
-};
+use vpmu::{ContextError, CounterSet, EventFilter, GuestPolicy, Overflow, PmuBackend, RawEvent};
 use vpmu_intel::IntelContext;
+use vpmu_models::{HwEvent, SoftwarePmu};
 
 const DS_ADDRESS: u64 = 0xffff_c900_0000_0000;
 /// PERFEVTSELx.EN.

@@ -5,7 +5,8 @@ mod common;
 
 use common::*;
 use vpmu::abi::XENPMU_FEATURE_INTEL_BTS;
-use vpmu::{CounterSet, CountingBus, GuestPolicy, HwEvent, Msr, MsrBus, PmuBackend, SoftwarePmu};
+use vpmu::{CounterSet, CountingBus, GuestPolicy, Msr, MsrBus, PmuBackend};
+use vpmu_models::{HwEvent, SoftwarePmu};
 
 /// Every guest-visible register of the v5 machine, read through the backend.
 fn snapshot(m: &mut Machine, vcpu: &mut Vcpu) -> Vec<(u32, u64)> {
@@ -333,14 +334,14 @@ fn msr_traffic_of_a_switch() {
 #[test]
 fn uncleaned_power_on_state_does_not_count_for_a_disabled_context() {
     let pmu = vpmu_intel::IntelPmu::from_cpuid(v2_shape(), None).expect("v2");
-    let mut hw = vpmu_intel::IntelPmuModel::new(*pmu.caps());
+    let mut hw = vpmu_models::intel::IntelPmuModel::new(*pmu.caps());
     assert_eq!(hw.registers().global_ctrl, 0xf, "power-on state");
     let mut ctx = pmu.new_context();
     let policy = GuestPolicy::guest_default();
     for (msr, value) in [(EVTSEL0, ENABLE_ALL_RINGS | INSTRUCTIONS), (GLOBAL_CTRL, 0)] {
         pmu.guest_write(
             &mut ctx,
-            None::<&mut vpmu_intel::IntelPmuModel>,
+            None::<&mut vpmu_models::intel::IntelPmuModel>,
             &policy,
             Msr(msr),
             value,

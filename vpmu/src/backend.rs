@@ -397,54 +397,6 @@ pub trait PmuBackend {
     ) -> Result<Self::Context, ContextError>;
 }
 
-/// Kinds of events a software PMU model can be fed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HwEvent {
-    /// Instructions retired.
-    Instructions,
-    /// Branch instructions retired.
-    Branches,
-    /// Unhalted core cycles.
-    CoreCycles,
-    /// Unhalted reference cycles.
-    RefCycles,
-    /// Last-level cache references.
-    LlcReferences,
-    /// Last-level cache misses.
-    LlcMisses,
-    /// Mispredicted branches retired.
-    BranchMisses,
-}
-
-/// The context an event happened in, as the PMU's gating sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ExecMode {
-    /// Current privilege level (0–3); OS counting applies to 0, USR counting to 1–3
-    /// (Intel counts CPL>0 as user; so does this model).
-    pub cpl: u8,
-    /// Whether the CPU was in host (hypervisor) context rather than guest context.
-    pub host: bool,
-}
-
-/// A software model of a vendor's PMU: an MSR bus that behaves like the hardware, fed with
-/// events, with a PMI line.
-pub trait SoftwarePmu: MsrBus {
-    /// `n` events of `event` happened in `mode`: enabled counters that select it count them,
-    /// overflowing (status bit, PMI if enabled) exactly when they wrap.
-    fn count(&mut self, event: HwEvent, n: u64, mode: ExecMode);
-    /// Whether the PMI line is asserted.
-    fn pmi_pending(&self) -> bool;
-    /// Acknowledges the PMI line; returns whether it was asserted.
-    fn take_pmi(&mut self) -> bool;
-    /// The accesses this model has served.
-    fn access_stats(&self) -> crate::msr::MsrAccessStats;
-    /// After how many core and reference cycles (each counted `n` times in `mode`, as
-    /// `count(CoreCycles, n, mode); count(RefCycles, n, mode)` would) the PMI line would be
-    /// newly asserted; `None` if never within 2^48 cycles. Computed arithmetically from the
-    /// programmed counters, without changing or copying the model.
-    fn cycles_until_pmi(&self, mode: ExecMode) -> Option<u64>;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

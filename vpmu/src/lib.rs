@@ -5,8 +5,7 @@
 //!
 //! * [`msr`]: MSR numbers and the hardware-access trait [`MsrBus`] (real MSRs behind the
 //!   `hw-msr` feature, a software model, or a VMM).
-//! * [`backend`]: the trait a vendor backend implements ([`PmuBackend`]), and the software PMU
-//!   model trait ([`SoftwarePmu`]).
+//! * [`backend`]: the trait a vendor backend implements ([`PmuBackend`]).
 //! * [`bank`]: the save/load/overflow loops over counter banks that both vendor backends
 //!   drive with their own MSR map ([`bank::BankMap`]).
 //! * [`platform`]: what the integrating hypervisor provides ([`Platform`]).
@@ -39,8 +38,8 @@ mod switch;
 
 pub use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
 pub use backend::{
-    AllowAll, BackendError, ContextError, CounterSet, EventFilter, ExecMode, GuestPolicy, HwEvent,
-    Indices, MsrOutcome, Overflow, PmuBackend, PmuCapabilities, RawEvent, SoftwarePmu, Vendor,
+    AllowAll, BackendError, ContextError, CounterSet, EventFilter, GuestPolicy, Indices,
+    MsrOutcome, Overflow, PmuBackend, PmuCapabilities, RawEvent, Vendor,
 };
 pub use filter::{EventList, EventMatch, FilterAction, ListFull};
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};

@@ -23,12 +23,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use vpmu::abi::ops::Params;
 use vpmu::abi::{XENPMU_MODE_ALL, XENPMU_MODE_SELF, XENPMU_OP_FLUSH, XENPMU_OP_MODE_SET};
-use vpmu::{
-    ExecMode, HwEvent, Interrupted, Msr, MsrAccessStats, MsrBus, MsrFault, PmiOutcome, SoftwarePmu,
-    VcpuId,
-};
-use vpmu_tests::sim::helpers::{counting, sampling};
-use vpmu_tests::sim::{Driver, Machine, SimVendor, amd_v2, intel_v5};
+use vpmu::{Interrupted, Msr, MsrAccessStats, MsrBus, MsrFault, PmiOutcome, VcpuId};
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
+use vpmu_sim::helpers::{counting, sampling};
+use vpmu_sim::{Driver, Machine, SimVendor, amd_v2, intel_v5};
 
 /// Heap allocations made by this process so far.
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);

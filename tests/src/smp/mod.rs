@@ -34,8 +34,8 @@ use std::thread;
 
 use vpmu::{Mode, VcpuState, Vpmu};
 
-use crate::sim::SimVendor;
-use crate::sim::machine::Ctx;
+use vpmu_sim::SimVendor;
+use vpmu_sim::machine::Ctx;
 
 pub use bus::OwnedBus;
 pub use platform::PcpuPlatform;

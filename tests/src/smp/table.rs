@@ -11,8 +11,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use vpmu::{VcpuId, VcpuPmu, VcpuState, VcpuTable};
 
-use crate::sim::Driver;
-use crate::sim::vendor::{COUNTER_MASK, FIXED0};
+use vpmu_sim::Driver;
+use vpmu_sim::vendor::{COUNTER_MASK, FIXED0};
 
 use super::shared::lock;
 

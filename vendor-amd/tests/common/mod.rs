@@ -1,11 +1,10 @@
 //! A vCPU harness: the AMD backend with the software model as its hardware.
 #![allow(dead_code)]
 
-use vpmu::{
-    CountingBus, ExecMode, GuestPolicy, HwEvent, Msr, MsrAccessStats, MsrOutcome, Overflow,
-    PmuBackend, SoftwarePmu,
-};
-use vpmu_amd::{AmdCaps, AmdContext, AmdPmu, AmdPmuModel, PmuShape};
+use vpmu::{CountingBus, GuestPolicy, Msr, MsrAccessStats, MsrOutcome, Overflow, PmuBackend};
+use vpmu_amd::{AmdCaps, AmdContext, AmdPmu, PmuShape};
+use vpmu_models::amd::AmdPmuModel;
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
 pub const K7_CTL: u32 = 0xC001_0000;
 pub const K7_CTR: u32 = 0xC001_0004;

@@ -2,11 +2,11 @@
 //! hardware, with vCPUs whose contexts are loaded and saved on it.
 #![allow(dead_code)]
 
-use vpmu::{
-    ExecMode, GuestPolicy, HwEvent, Msr, MsrAccessStats, MsrOutcome, Overflow, PmuBackend,
-    SoftwarePmu,
-};
-use vpmu_intel::{IntelContext, IntelPmu, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
+use vpmu::{GuestPolicy, Msr, MsrAccessStats, MsrOutcome, Overflow, PmuBackend};
+use vpmu_intel::{IntelContext, IntelPmu, PERF_CAP_FW_WRITES};
+use vpmu_models::intel::{IntelPmuModel, SyntheticCpuid};
+use vpmu_models::shapes::{ALL_EVENTS, IntelShape};
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
 pub const KERNEL: ExecMode = ExecMode {
     cpl: 0,
@@ -41,16 +41,16 @@ pub const CORE_CYCLES: u64 = 0x003c;
 /// FW_WRITE. Only bit 13 may reach a guest.
 pub const RICH_PERF_CAPABILITIES: u64 = 0x5 | (0x4 << 8) | (1 << 14) | PERF_CAP_FW_WRITES;
 
-/// v2, 4 GP, 3 fixed, no PDCM.
+/// The `intel-v2` test shape: v2, 4 GP, 3 fixed, no PDCM.
 pub fn v2_shape() -> SyntheticCpuid {
-    SyntheticCpuid::v2(4, 3)
+    IntelShape::v2(ALL_EVENTS).cpuid
 }
 
-/// v5, 8 GP, 4 fixed, PDCM and DS.
+/// The `intel-v5` test shape with the debug store: v5, 8 GP, 4 fixed, PDCM and DS.
 pub fn v5_shape() -> SyntheticCpuid {
     SyntheticCpuid {
         debug_store: true,
-        ..SyntheticCpuid::v5(8, 4, 0)
+        ..IntelShape::v5(ALL_EVENTS).cpuid
     }
 }
 

@@ -1,6 +1,8 @@
 //! Vendor personalities: the backend, the software PMU model each pCPU gets, and the guest's
 //! CPUID: the vendor string, and the PMU leaves the vendor crates synthesize from the
 //! enumeration (`IntelCaps::guest_leaf_0xa`, `AmdCaps::guest_leaves`), edited into KVM's table.
+//! The PMUs are the test shapes of `vpmu_models::shapes` (`intel-v5`, `intel-v2`,
+//! `amd-perfmonv2`, `amd-k7`), which also build the backend and the model.
 //!
 //! Each personality runs under one event [`Source`], and what that source cannot count is
 //! advertised as unavailable. Intel: through the leaf 0xA EBX vector and the fixed counters
@@ -11,9 +13,13 @@
 //! and never count.
 
 use kvm_bindings::{CpuId, kvm_cpuid_entry2};
-use vpmu::{PmuBackend, SoftwarePmu};
-use vpmu_amd::{AmdCaps, AmdPmu, AmdPmuModel, CPUID_PERFMON_LEAF, PmuShape};
-use vpmu_intel::{IntelCaps, IntelPmu, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
+use vpmu::PmuBackend;
+use vpmu_amd::{AmdPmu, CPUID_PERFMON_LEAF, PmuShape};
+use vpmu_intel::IntelPmu;
+use vpmu_models::SoftwarePmu;
+use vpmu_models::amd::AmdPmuModel;
+use vpmu_models::intel::IntelPmuModel;
+use vpmu_models::shapes::{AmdShape, IntelShape, VendorShape};
 
 /// Where the software PMU's events come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,10 +106,9 @@ fn vendor_words(vendor: &[u8; 12]) -> (u32, u32, u32) {
 pub struct Intel {
     /// The event source.
     pub source: Source,
-    /// The synthetic CPUID the backend enumerates and the guest sees.
-    pub cpuid: SyntheticCpuid,
+    /// The PMU: the synthetic CPUID the backend enumerates and the guest sees, and
     /// IA32_PERF_CAPABILITIES.
-    pub perf_capabilities: Option<u64>,
+    pub shape: IntelShape,
 }
 
 /// Architectural events the precise source cannot count (leaf 0xA EBX: core cycles 0,
@@ -123,34 +128,22 @@ fn intel_unavailable(source: Source) -> u32 {
 }
 
 impl Intel {
-    /// Version 5: 8 GP counters, FW_WRITE; fixed counter 0 (precise) or 1 and 2 (timed).
+    /// Version 5 (the `intel-v5` test shape): 8 GP counters, FW_WRITE; fixed counter 0
+    /// (precise) or 1 and 2 (timed).
     pub fn v5(source: Source) -> Self {
-        let mut cpuid = match source {
-            Source::Precise => SyntheticCpuid::v5(8, 1, 0),
-            Source::Timed => SyntheticCpuid::v5(8, 0, 0b110),
-        };
-        cpuid.unavailable_events = intel_unavailable(source);
         Self {
             source,
-            cpuid,
-            perf_capabilities: Some(PERF_CAP_FW_WRITES),
+            shape: IntelShape::v5(intel_unavailable(source)),
         }
     }
 
-    /// Version 2: 4 GP counters, legacy writes only; fixed counter 0 (precise) or 0–2
-    /// (timed: v2 has no bitmap; fixed counter 0 never counts).
+    /// Version 2 (the `intel-v2` test shape): 4 GP counters, legacy writes only; fixed counter
+    /// 0 (precise) or 0–2 (timed: v2 has no bitmap; fixed counter 0 never counts).
     pub fn v2(source: Source) -> Self {
-        let mut cpuid = SyntheticCpuid::v2(4, if source == Source::Timed { 3 } else { 1 });
-        cpuid.unavailable_events = intel_unavailable(source);
         Self {
             source,
-            cpuid,
-            perf_capabilities: None,
+            shape: IntelShape::v2(intel_unavailable(source)),
         }
-    }
-
-    fn caps(&self) -> IntelCaps {
-        IntelCaps::from_cpuid(self.cpuid, self.perf_capabilities).expect("valid shape")
     }
 }
 
@@ -163,26 +156,15 @@ impl Personality for Intel {
     }
 
     fn name(&self) -> String {
-        format!(
-            "intel v{} {}GP+{}F{} {}",
-            self.cpuid.version,
-            self.cpuid.gp_counters,
-            self.caps().fixed_counters().count_ones(),
-            if self.perf_capabilities.is_some() {
-                " FW"
-            } else {
-                ""
-            },
-            self.source.name()
-        )
+        format!("{} {}", self.shape, self.source.name())
     }
 
     fn backend(&self) -> IntelPmu {
-        IntelPmu::new(self.caps()).expect("supported shape")
+        self.shape.backend()
     }
 
     fn model(&self) -> IntelPmuModel {
-        IntelPmuModel::new(self.caps())
+        self.shape.model()
     }
 
     fn counting(&self, model: &IntelPmuModel) -> bool {
@@ -205,7 +187,7 @@ impl Personality for Intel {
             e.eax = e.eax.max(0xa);
             (e.ebx, e.ecx, e.edx) = (b, c, d);
         });
-        let caps = self.caps();
+        let caps = self.shape.caps();
         let pdcm = u32::from(caps.has_perf_capabilities()) << 15;
         edit_leaf(cpuid, 1, |e| e.ecx = (e.ecx & !(1 << 15)) | pdcm);
         set_leaf(
@@ -228,12 +210,24 @@ pub struct Amd {
     /// The event source.
     pub source: Source,
     /// The shape the guest's CPUID describes.
-    pub shape: PmuShape,
+    pub shape: AmdShape,
 }
 
 impl Amd {
-    fn caps(&self) -> AmdCaps {
-        AmdCaps::from_shape(self.shape).expect("valid shape")
+    /// PerfMonV2 with 6 counters (the `amd-perfmonv2` test shape).
+    pub fn perfmon_v2(source: Source) -> Self {
+        Self {
+            source,
+            shape: AmdShape::perfmon_v2(),
+        }
+    }
+
+    /// Legacy K7 (the `amd-k7` test shape).
+    pub fn k7(source: Source) -> Self {
+        Self {
+            source,
+            shape: AmdShape::k7(),
+        }
     }
 }
 
@@ -246,20 +240,15 @@ impl Personality for Amd {
     }
 
     fn name(&self) -> String {
-        let shape = match self.shape {
-            PmuShape::LegacyK7 => "k7 4".to_string(),
-            PmuShape::PerfCtrExtCore => "ext-core 6".to_string(),
-            PmuShape::PerfMonV2 { counters } => format!("perfmon-v2 {counters}"),
-        };
-        format!("amd {shape} {}", self.source.name())
+        format!("{} {}", self.shape, self.source.name())
     }
 
     fn backend(&self) -> AmdPmu {
-        AmdPmu::new(self.caps()).expect("valid shape")
+        self.shape.backend()
     }
 
     fn model(&self) -> AmdPmuModel {
-        AmdPmuModel::new(self.caps())
+        self.shape.model()
     }
 
     fn counting(&self, model: &AmdPmuModel) -> bool {
@@ -269,7 +258,7 @@ impl Personality for Amd {
             .enumerate()
             .filter(|(_, c)| **c & (1 << 22) != 0)
             .fold(0u64, |m, (i, _)| m | 1 << i);
-        match self.shape {
+        match self.shape.pmu {
             PmuShape::PerfMonV2 { .. } => enabled & r.global_ctl != 0,
             _ => enabled != 0,
         }
@@ -279,7 +268,7 @@ impl Personality for Amd {
         let (b, d, c) = vendor_words(b"AuthenticAMD");
         edit_leaf(cpuid, 0, |e| (e.ebx, e.ecx, e.edx) = (b, c, d));
         set_leaf(cpuid, 0xa, 0, [0; 4]);
-        let leaves = self.caps().guest_leaves();
+        let leaves = self.shape.caps().guest_leaves();
         edit_leaf(cpuid, 0x8000_0001, |e| {
             e.ecx = leaves.edit_ext_features(e.ecx)
         });
@@ -345,11 +334,7 @@ mod tests {
     #[test]
     fn amd_cpuid_advertises_the_shape() {
         let mut c = base();
-        Amd {
-            source: Source::Precise,
-            shape: PmuShape::PerfMonV2 { counters: 6 },
-        }
-        .cpuid(&mut c);
+        Amd::perfmon_v2(Source::Precise).cpuid(&mut c);
         assert_eq!(&leaf(&c, 0).expect("leaf 0").ebx.to_le_bytes(), b"Auth");
         assert_ne!(leaf(&c, 0x8000_0001).expect("ext").ecx & (1 << 23), 0);
         assert_eq!(leaf(&c, 0x8000_0000).expect("max").eax, 0x8000_0022);
@@ -357,11 +342,7 @@ mod tests {
         assert_eq!((v2.eax & 1, v2.ebx & 0xf), (1, 6));
 
         let mut k7 = base();
-        Amd {
-            source: Source::Precise,
-            shape: PmuShape::LegacyK7,
-        }
-        .cpuid(&mut k7);
+        Amd::k7(Source::Precise).cpuid(&mut k7);
         assert_eq!(leaf(&k7, 0x8000_0001).expect("ext").ecx & (1 << 23), 0);
         assert_eq!(leaf(&k7, 0x8000_0022).expect("zeroed").eax, 0);
     }
@@ -383,10 +364,7 @@ mod tests {
         m.write(Msr(0x38f), 1 << 32).expect("fixed 0 global");
         assert!(p.counting(&m));
 
-        let k7 = Amd {
-            source: Source::Precise,
-            shape: PmuShape::LegacyK7,
-        };
+        let k7 = Amd::k7(Source::Precise);
         let mut m = k7.model();
         assert!(!k7.counting(&m));
         m.write(Msr(0xC001_0003), 0xc0 | 1 << 22)

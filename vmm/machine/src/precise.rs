@@ -2,7 +2,7 @@
 //! to the pCPU's model as `Instructions` (+ `Branches` for any control transfer).
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
-use vpmu::{ExecMode, HwEvent, SoftwarePmu};
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
 use super::runner::Runner;
 use crate::kvm::GuestMem;

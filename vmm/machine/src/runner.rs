@@ -5,7 +5,8 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_run, kvm_sync_regs};
-use vpmu::{CoreError, CrossCpuRequest, ExecMode, PcpuPmu, PmiOutcome, SoftwarePmu, VcpuId};
+use vpmu::{CoreError, CrossCpuRequest, PcpuPmu, PmiOutcome, VcpuId};
+use vpmu_models::{ExecMode, SoftwarePmu};
 
 use super::exit::{Exit, MsrHandler};
 use super::platform::{Host, KvmPlatform, PlatformState, VmmActivity, regs_of};

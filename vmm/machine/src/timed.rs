@@ -2,12 +2,13 @@
 //! reference cycles; the overflow deadline is computed arithmetically by the model
 //! (`SoftwarePmu::cycles_until_pmi`: the distance of each interrupting cycles counter to its
 //! wrap), with no copy of the model and no search. The bisection on copies of the model it
-//! replaced (13–22 k instructions per entry) is the tests' oracle, `vpmu_tests::oracle`;
+//! replaced (13–22 k instructions per entry) is the tests' oracle, `vpmu_models::oracle`;
 //! `cargo bench -p vpmu-tests --bench hot_paths` compares the two.
 
 use std::time::Duration;
 
-use vpmu::{ExecMode, HwEvent, Mode, SoftwarePmu};
+use vpmu::Mode;
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
 use super::PRIVILEGED_DOMAIN;
 use super::runner::Runner;
@@ -59,8 +60,7 @@ mod tests {
     use super::*;
     use crate::personality::{Amd, Intel, Source};
     use vpmu::{Msr, MsrBus};
-    use vpmu_amd::PmuShape;
-    use vpmu_tests::oracle::bisect_cycles_until_pmi as cycles_until_pmi;
+    use vpmu_models::oracle::bisect_cycles_until_pmi as cycles_until_pmi;
 
     const KERNEL: ExecMode = ExecMode {
         cpl: 0,
@@ -87,10 +87,7 @@ mod tests {
 
     #[test]
     pub(super) fn no_interrupt_bit_no_deadline() {
-        let p = Amd {
-            source: Source::Timed,
-            shape: PmuShape::PerfMonV2 { counters: 6 },
-        };
+        let p = Amd::perfmon_v2(Source::Timed);
         let mut m = p.model();
         m.write(Msr(0xC001_0201), (1u64 << 48) - 10)
             .expect("counter");

@@ -30,7 +30,6 @@ use std::time::Duration;
 use kvm_bindings::CpuId;
 use kvm_ioctls::Kvm;
 use serde::Serialize;
-use vpmu_amd::PmuShape;
 
 use report::{DomainInfo, Report, RunInfo};
 use run::{DomainPlan, Mode, Plan, RunData};
@@ -332,15 +331,7 @@ pub fn profile(kvm: &Kvm, options: &Options) -> Result<bool, ProfileError> {
     let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(ProfileError::Cpuid)?;
     match options.vendor {
         Vendor::Intel => profile_with(kvm, &cpuid, Intel::v5(Source::Timed), options),
-        Vendor::Amd => profile_with(
-            kvm,
-            &cpuid,
-            Amd {
-                source: Source::Timed,
-                shape: PmuShape::PerfMonV2 { counters: 6 },
-            },
-            options,
-        ),
+        Vendor::Amd => profile_with(kvm, &cpuid, Amd::perfmon_v2(Source::Timed), options),
     }
 }
 

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use kvm_bindings::CpuId;
 use kvm_ioctls::Kvm;
-use vpmu_amd::PmuShape;
 use vpmu_guest_protocol::selftest::{ALL_BASE, DOMAIN_BASE, NO_CASE_STATUS, SMP_BASE, TIMED_BASE};
 use vpmu_machine::personality::{Amd, Intel, Personality, Source};
 use vpmu_machine::{Layout, Machine, MachineError, RunResult, indent};
@@ -248,9 +247,8 @@ pub fn selftest(
             run_cases(kvm, &cpuid, Intel::v2(source), verbose, &mut out)?;
         }
         if vendor != VendorChoice::Intel {
-            for shape in [PmuShape::PerfMonV2 { counters: 6 }, PmuShape::LegacyK7] {
-                run_cases(kvm, &cpuid, Amd { source, shape }, verbose, &mut out)?;
-            }
+            run_cases(kvm, &cpuid, Amd::perfmon_v2(source), verbose, &mut out)?;
+            run_cases(kvm, &cpuid, Amd::k7(source), verbose, &mut out)?;
         }
     }
     Ok(out)
@@ -307,14 +305,7 @@ pub fn bench(kvm: &Kvm, vendor: VendorChoice) -> Result<String, SelftestError> {
         s += &bench_one(kvm, &cpuid, Intel::v5(Source::Precise))?;
     }
     if vendor != VendorChoice::Intel {
-        s += &bench_one(
-            kvm,
-            &cpuid,
-            Amd {
-                source: Source::Precise,
-                shape: PmuShape::PerfMonV2 { counters: 6 },
-            },
-        )?;
+        s += &bench_one(kvm, &cpuid, Amd::perfmon_v2(Source::Precise))?;
     }
     Ok(s)
 }

@@ -11,7 +11,7 @@ use vpmu::abi::{
 };
 use vpmu::{Mode, VcpuId};
 
-use crate::sim::SimVendor;
+use vpmu_sim::SimVendor;
 
 use crate::smp::shared::{FRAMES_PER_DOMAIN, guest_frame, lock};
 

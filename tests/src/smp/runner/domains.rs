@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use vpmu::{Completion, VcpuId};
 
-use crate::sim::SimVendor;
+use vpmu_sim::SimVendor;
 
 use crate::smp::shared::{FREE, REBOOTING};
 

@@ -7,7 +7,7 @@ use vpmu::abi::ops::{OpError, Params};
 use vpmu::abi::{XENPMU_MODE_SELF, XENPMU_OP_MODE_SET};
 use vpmu::{SystemContext, VcpuId};
 
-use crate::sim::SimVendor;
+use vpmu_sim::SimVendor;
 
 use crate::smp::shared::lock;
 

@@ -3,12 +3,11 @@
 
 use std::sync::PoisonError;
 
-use vpmu::{
-    ExecMode, HwEvent, Interrupted, Mode, PmiOutcome, SoftwarePmu, SystemContext, VcpuId, VcpuState,
-};
+use vpmu::{Interrupted, Mode, PmiOutcome, SystemContext, VcpuId, VcpuState};
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
-use crate::sim::SimVendor;
-use crate::sim::workload::{Instruction, function_base, regs};
+use vpmu_sim::SimVendor;
+use vpmu_sim::workload::{Instruction, function_base, regs};
 
 use crate::smp::platform::hypervisor_regs;
 use crate::smp::shared::{FilterView, lock};

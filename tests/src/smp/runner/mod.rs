@@ -18,8 +18,8 @@ use vpmu::{
     CoreError, CrossCpuRequest, Interrupted, Mode, PcpuPmu, SystemContext, VcpuId, VcpuState, Vpmu,
 };
 
-use crate::sim::machine::Ctx;
-use crate::sim::{Driver, SimVendor};
+use vpmu_sim::machine::Ctx;
+use vpmu_sim::{Driver, SimVendor};
 
 use super::bus::OwnedBus;
 use super::platform::{PcpuPlatform, hypervisor_regs};

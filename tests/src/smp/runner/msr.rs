@@ -3,9 +3,9 @@
 
 use vpmu::{Msr, MsrOutcome, VcpuId, VcpuState};
 
-use crate::sim::truth::{CounterSetup, SimEvent};
-use crate::sim::vendor::{COUNTER_MASK, FIXED0};
-use crate::sim::{Driver, SimVendor};
+use vpmu_sim::truth::{CounterSetup, SimEvent};
+use vpmu_sim::vendor::{COUNTER_MASK, FIXED0};
+use vpmu_sim::{Driver, SimVendor};
 
 use crate::smp::shared::lock;
 use crate::smp::table::{CounterBook, Ledger};

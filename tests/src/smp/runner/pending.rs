@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use vpmu::abi::ops::{OpError, Params};
 use vpmu::{ChangeRefused, Completion, VcpuId};
 
-use crate::sim::SimVendor;
+use vpmu_sim::SimVendor;
 
 use super::{OpKind, Pending, Runner};
 

@@ -1,5 +1,6 @@
-//! A software model of an Intel architectural PMU: the hardware of simulators, reference VMMs
-//! and MSR-emulation tests.
+//! A software model of an Intel architectural PMU ([`IntelPmuModel`]): the hardware of
+//! simulators, reference VMMs and MSR-emulation tests; and [`SyntheticCpuid`], any Intel PMU
+//! shape described as a CPUID.
 //!
 //! It follows the hardware's rules, not the backend's policy, and computes its own masks from
 //! the enumeration, so that a backend bug is not hidden by sharing code with it. In particular
@@ -16,14 +17,34 @@
 //! reference cycles; fixed counter 3 (topdown slots) has no event to be fed and never counts.
 //! There are no host/guest qualifiers on Intel, so `ExecMode::host` gates nothing.
 
-use vpmu::{CounterSet, ExecMode, HwEvent, Msr, MsrAccessStats, MsrBus, MsrFault, SoftwarePmu};
-
-use crate::caps::{IntelCaps, width_mask};
-use crate::events::{arch_event, umask_event};
-use crate::msrs::{
+use vpmu::{CounterSet, Msr, MsrAccessStats, MsrBus, MsrFault};
+use vpmu_intel::IntelCaps;
+use vpmu_intel::events::{ARCH_EVENTS, ArchEvent, umask_event};
+use vpmu_intel::msrs::{
     CounterAlias, EVTSEL_CMASK, EVTSEL_EDGE, EVTSEL_EN, EVTSEL_INT, EVTSEL_INV, EVTSEL_OS,
     EVTSEL_USR, FIXED_OS, FIXED_PMI, FIXED_USR, IntelMsr, fixed_nibble,
 };
+
+use crate::{ExecMode, HwEvent, SoftwarePmu};
+
+mod synthetic;
+
+pub use synthetic::SyntheticCpuid;
+
+/// The architectural event (its encoding and its CPUID.0AH:EBX availability bit) that `event`
+/// is.
+pub fn arch_event(event: HwEvent) -> ArchEvent {
+    let bit = match event {
+        HwEvent::CoreCycles => 0,
+        HwEvent::Instructions => 1,
+        HwEvent::RefCycles => 2,
+        HwEvent::LlcReferences => 3,
+        HwEvent::LlcMisses => 4,
+        HwEvent::Branches => 5,
+        HwEvent::BranchMisses => 6,
+    };
+    ARCH_EVENTS[bit]
+}
 
 /// The model's registers, as raw as the hardware holds them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -154,8 +175,8 @@ impl IntelPmuModel {
     fn write_register(&mut self, msr: Msr, value: u64) -> Option<()> {
         let caps = self.caps;
         let counters = self.counter_bits();
-        let gp_mask = width_mask(caps.gp_width());
-        let fixed_mask = width_mask(caps.fixed_width());
+        let gp_mask = caps.gp_value_mask();
+        let fixed_mask = caps.fixed_value_mask();
         let r = &mut self.registers;
         let fits = |allowed: u64| (value & !allowed == 0).then_some(value);
         match IntelMsr::classify(msr)? {
@@ -217,8 +238,8 @@ impl IntelPmuModel {
         let sel = *self.registers.event_selects.get(index as usize)?;
         let enabled = sel & EVTSEL_EN != 0 && self.registers.global_ctrl & (1 << index) != 0;
         let plain = sel & (EVTSEL_EDGE | EVTSEL_INV | EVTSEL_CMASK) == 0;
-        let selected =
-            self.caps.event_available(event) && umask_event(sel) == arch_event(event).encoding;
+        let selected = self.caps.event_available(arch_event(event))
+            && umask_event(sel) == arch_event(event).encoding;
         let privileged = privilege_matches(sel & EVTSEL_OS != 0, sel & EVTSEL_USR != 0, mode);
         (enabled && plain && selected && privileged).then_some(sel & EVTSEL_INT != 0)
     }
@@ -257,8 +278,8 @@ impl MsrBus for IntelPmuModel {
 
 impl SoftwarePmu for IntelPmuModel {
     fn count(&mut self, event: HwEvent, n: u64, mode: ExecMode) {
-        let gp_mask = width_mask(self.caps.gp_width());
-        let fixed_mask = width_mask(self.caps.fixed_width());
+        let gp_mask = self.caps.gp_value_mask();
+        let fixed_mask = self.caps.fixed_value_mask();
         for index in 0..self.caps.gp_counters() {
             let Some(interrupt) = self.gp_counts(index, event, mode) else {
                 continue;
@@ -290,8 +311,8 @@ impl SoftwarePmu for IntelPmuModel {
     /// answer. A GP counter selects one of the two events; fixed counters 1 and 2 count one
     /// each.
     fn cycles_until_pmi(&self, mode: ExecMode) -> Option<u64> {
-        let gp_mask = width_mask(self.caps.gp_width());
-        let fixed_mask = width_mask(self.caps.fixed_width());
+        let gp_mask = self.caps.gp_value_mask();
+        let fixed_mask = self.caps.fixed_value_mask();
         let cycles = [HwEvent::CoreCycles, HwEvent::RefCycles];
         let gp = (0..self.caps.gp_counters()).filter_map(|index| {
             let interrupting = cycles
@@ -325,7 +346,6 @@ impl SoftwarePmu for IntelPmuModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synthetic::SyntheticCpuid;
 
     const KERNEL: ExecMode = ExecMode {
         cpl: 0,
@@ -338,7 +358,7 @@ mod tests {
 
     #[test]
     fn advance_reports_wrap_exactly_at_the_crossing() {
-        let mask = width_mask(48);
+        let mask = (1 << 48) - 1;
         let mut c = mask - 4;
         assert!(!advance(&mut c, mask, 4));
         assert_eq!(c, mask);
@@ -367,5 +387,14 @@ mod tests {
         m.count(HwEvent::Branches, 7, KERNEL);
         m.count(HwEvent::Instructions, 9, KERNEL);
         assert_eq!(m.registers().gp_counters[..2], [0, 9]);
+    }
+
+    #[test]
+    fn arch_events_are_the_sdm_encodings() {
+        let encodings = HwEvent::ALL.map(|event| arch_event(event).encoding);
+        assert_eq!(
+            encodings,
+            [0x00c0, 0x00c4, 0x003c, 0x013c, 0x4f2e, 0x412e, 0x00c5]
+        );
     }
 }

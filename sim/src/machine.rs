@@ -8,9 +8,10 @@ use core::fmt;
 
 use vpmu::abi::ops::{OpError, Params};
 use vpmu::{
-    Completion, CrossCpuRequest, ExecMode, HwEvent, Interrupted, Mode, Msr, MsrAccessStats,
-    MsrOutcome, PcpuPmu, PmiOutcome, PmuBackend, SoftwarePmu, VcpuId, VcpuPmu, VcpuTable, Vpmu,
+    Completion, CrossCpuRequest, Interrupted, Mode, Msr, MsrAccessStats, MsrOutcome, PcpuPmu,
+    PmiOutcome, PmuBackend, VcpuId, VcpuPmu, VcpuTable, Vpmu,
 };
+use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 
 use super::platform::SimPlatform;
 use super::vendor::SimVendor;

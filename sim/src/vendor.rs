@@ -1,14 +1,20 @@
 //! Vendor set-ups: the backend, one software PMU model per pCPU, and the "guest perf driver" —
 //! the MSR numbers and values a guest kernel writes to program, read and acknowledge counters,
 //! and how it reads and edits the shared page's vendor area. Everything the suites do is written
-//! once against [`SimVendor`] and [`Driver`] and run for every vendor shape.
+//! once against [`SimVendor`] and [`Driver`] and run for every vendor shape. The shapes are the
+//! test shapes of `vpmu_models::shapes` ([`IntelShape`], [`AmdShape`]), with every event
+//! available.
 
 use core::fmt;
 
+use vpmu::PmuBackend;
 use vpmu::abi::{CounterPair, Page, PageView, PageViewMut};
-use vpmu::{PmuBackend, SoftwarePmu};
-use vpmu_amd::{AmdCaps, AmdPmu, AmdPmuModel, PmuShape};
-use vpmu_intel::{IntelPmu, IntelPmuModel, PERF_CAP_FW_WRITES, SyntheticCpuid};
+use vpmu_amd::AmdPmu;
+use vpmu_intel::IntelPmu;
+use vpmu_models::SoftwarePmu;
+use vpmu_models::amd::{self, AmdPmuModel};
+use vpmu_models::intel::{IntelPmuModel, ModelRegisters};
+use vpmu_models::shapes::{ALL_EVENTS, AmdShape, IntelShape, VendorShape};
 
 use super::truth::{CounterSetup, SimEvent};
 
@@ -39,84 +45,46 @@ pub trait SimVendor: Clone + fmt::Debug {
     fn driver(&self) -> Driver;
 }
 
-/// An Intel shape described by a synthetic CPUID.
-#[derive(Clone, Copy, Debug)]
-pub struct IntelSetup {
-    /// Label.
-    pub label: &'static str,
-    /// The CPUID the backend enumerates and the model is built from.
-    pub cpuid: SyntheticCpuid,
-    /// IA32_PERF_CAPABILITIES.
-    pub perf_capabilities: Option<u64>,
+/// Intel architectural PMU v5: 8 GP + 4 fixed counters, full-width counter writes
+/// ([`Shape::IntelV5`](crate::Shape::IntelV5), every event available).
+pub fn intel_v5() -> IntelShape {
+    IntelShape::v5(ALL_EVENTS)
 }
 
-/// An AMD shape.
-#[derive(Clone, Copy, Debug)]
-pub struct AmdSetup {
-    /// Label.
-    pub label: &'static str,
-    /// The enumerated shape.
-    pub shape: PmuShape,
+/// Intel architectural PMU v2: 4 GP + 3 fixed counters, legacy counter writes only
+/// ([`Shape::IntelV2`](crate::Shape::IntelV2), every event available).
+pub fn intel_v2() -> IntelShape {
+    IntelShape::v2(ALL_EVENTS)
 }
 
-/// Intel architectural PMU v5: 8 GP + 4 fixed counters, full-width counter writes.
-pub fn intel_v5() -> IntelSetup {
-    IntelSetup {
-        label: "Intel v5 8GP+4F FW",
-        cpuid: SyntheticCpuid::v5(8, 4, 0),
-        perf_capabilities: Some(PERF_CAP_FW_WRITES),
-    }
+/// AMD PerfMonV2 with 6 core counters ([`Shape::AmdPerfMonV2`](crate::Shape::AmdPerfMonV2)).
+pub fn amd_v2() -> AmdShape {
+    AmdShape::perfmon_v2()
 }
 
-/// Intel architectural PMU v2: 4 GP + 3 fixed counters, legacy counter writes only.
-pub fn intel_v2() -> IntelSetup {
-    IntelSetup {
-        label: "Intel v2 4GP+3F",
-        cpuid: SyntheticCpuid::v2(4, 3),
-        perf_capabilities: None,
-    }
+/// AMD legacy K7: 4 counters, no global registers ([`Shape::AmdK7`](crate::Shape::AmdK7)).
+pub fn amd_legacy() -> AmdShape {
+    AmdShape::k7()
 }
 
-/// AMD PerfMonV2 with 6 core counters.
-pub fn amd_v2() -> AmdSetup {
-    AmdSetup {
-        label: "AMD PerfMonV2 6",
-        shape: PmuShape::PerfMonV2 { counters: 6 },
-    }
-}
-
-/// AMD legacy K7: 4 counters, no global registers.
-pub fn amd_legacy() -> AmdSetup {
-    AmdSetup {
-        label: "AMD K7 4",
-        shape: PmuShape::LegacyK7,
-    }
-}
-
-impl IntelSetup {
-    fn pmu(&self) -> IntelPmu {
-        IntelPmu::from_cpuid(self.cpuid, self.perf_capabilities).expect("supported shape")
-    }
-}
-
-impl SimVendor for IntelSetup {
+impl SimVendor for IntelShape {
     type Backend = IntelPmu;
     type Model = IntelPmuModel;
-    type Raw = vpmu_intel::ModelRegisters;
+    type Raw = ModelRegisters;
 
     fn name(&self) -> String {
-        self.label.to_string()
+        self.to_string()
     }
 
     fn backend(&self) -> IntelPmu {
-        self.pmu()
+        VendorShape::backend(self)
     }
 
     fn model(&self) -> IntelPmuModel {
-        IntelPmuModel::new(*self.pmu().caps())
+        VendorShape::model(self)
     }
 
-    fn raw(model: &IntelPmuModel) -> vpmu_intel::ModelRegisters {
+    fn raw(model: &IntelPmuModel) -> ModelRegisters {
         *model.registers()
     }
 
@@ -126,7 +94,7 @@ impl SimVendor for IntelSetup {
     }
 
     fn driver(&self) -> Driver {
-        let caps = *self.pmu().caps();
+        let caps = self.caps();
         Driver::Intel {
             gp: caps.gp_counters(),
             fixed: caps.fixed_counters(),
@@ -135,30 +103,24 @@ impl SimVendor for IntelSetup {
     }
 }
 
-impl AmdSetup {
-    fn caps(&self) -> AmdCaps {
-        AmdCaps::from_shape(self.shape).expect("valid shape")
-    }
-}
-
-impl SimVendor for AmdSetup {
+impl SimVendor for AmdShape {
     type Backend = AmdPmu;
     type Model = AmdPmuModel;
-    type Raw = vpmu_amd::ModelRegisters;
+    type Raw = amd::ModelRegisters;
 
     fn name(&self) -> String {
-        self.label.to_string()
+        self.to_string()
     }
 
     fn backend(&self) -> AmdPmu {
-        AmdPmu::new(self.caps()).expect("backend")
+        VendorShape::backend(self)
     }
 
     fn model(&self) -> AmdPmuModel {
-        AmdPmuModel::new(self.caps())
+        VendorShape::model(self)
     }
 
-    fn raw(model: &AmdPmuModel) -> vpmu_amd::ModelRegisters {
+    fn raw(model: &AmdPmuModel) -> amd::ModelRegisters {
         model.registers()
     }
 

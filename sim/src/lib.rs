@@ -1,7 +1,12 @@
-//! A deterministic machine simulator for the vpmu core.
+//! # vpmu-sim: a deterministic machine simulator for the vpmu core
 //!
-//! * [`vendor`]: the vendor shapes ([`SimVendor`]: backend, one software PMU model per pCPU) and
-//!   the guest perf driver ([`Driver`]: MSR numbers and values, page access).
+//! The core over P pCPUs with both vendors' software PMU models (`vpmu-models`), guests with
+//! perf drivers, and a ground truth to check every count and PMI against. The suites that use it
+//! are the `sim_*` tests of `vpmu-tests`, and its concurrent stress runner (`vpmu_tests::smp`).
+//!
+//! * [`vendor`]: the vendor shapes ([`SimVendor`], implemented by the test shapes of
+//!   `vpmu_models::shapes`: backend, one software PMU model per pCPU) and the guest perf
+//!   driver ([`Driver`]: MSR numbers and values, page access).
 //! * [`platform`]: [`SimPlatform`], the hypervisor services the core calls.
 //! * [`machine`]: [`Machine`], the core over P pCPUs with its vCPU table; retires one guest
 //!   instruction at a time and takes the PMIs the models raise.
@@ -16,6 +21,7 @@
 //! * [`corrupt`]: vendor areas each vendor's rules certainly refuse.
 //! * [`snapshot`]: the observable state an operation that fails must leave unchanged.
 //! * [`strategies`]: proptest strategies for scenarios.
+#![deny(missing_docs)]
 
 pub mod corrupt;
 pub mod guest;
@@ -36,6 +42,7 @@ pub use plan::{CounterSpec, GuestPlan, PlanSpec};
 pub use platform::{SimFilter, SimPlatform, guest_frame};
 pub use snapshot::Snapshot;
 pub use truth::{CounterSetup, SimEvent, TruthPmu};
-pub use vendor::{AmdSetup, Driver, IntelSetup, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
+pub use vendor::{Driver, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
+pub use vpmu_models::shapes::{AmdShape, IntelShape, Shape};
 pub use workload::{Instruction, Run};
 pub use world::{Sample, Scenario, Step, Timing, World};

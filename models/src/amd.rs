@@ -34,13 +34,14 @@
 //! its accepted AMD range (`< 7`). Without PerfMonV2 the overflow is visible only as the
 //! counter's top bit going from 1 to 0.
 
-use vpmu::{ExecMode, HwEvent, Msr, MsrAccessStats, MsrBus, MsrFault, SoftwarePmu};
-
-use crate::caps::AmdCaps;
-use crate::msrs::{
+use vpmu::{Msr, MsrAccessStats, MsrBus, MsrFault};
+use vpmu_amd::AmdCaps;
+use vpmu_amd::msrs::{
     COUNTER_MASK, COUNTER_WIDTH, EXT_PERF_CTL0, GLOBAL_CTL, GLOBAL_STATUS, GLOBAL_STATUS_CLR,
     GLOBAL_STATUS_SET, K7_PERF_CTL0, K7_PERF_CTR0, MAX_COUNTERS, ctl,
 };
+
+use crate::{ExecMode, HwEvent, SoftwarePmu};
 
 const N: usize = MAX_COUNTERS as usize;
 
@@ -297,7 +298,7 @@ impl SoftwarePmu for AmdPmuModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::caps::PmuShape;
+    use vpmu_amd::PmuShape;
 
     const KERNEL: ExecMode = ExecMode {
         cpl: 0,
