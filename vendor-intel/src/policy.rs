@@ -126,9 +126,17 @@ impl GuestRules {
         {
             return Err(Refused);
         }
-        let denied = (0..u32::BITS)
-            .filter(|&i| self.fixed_counters & (1 << i) != 0 && !policy.filter.allows_fixed(i))
-            .fold(0, |bits, i| bits | at_fixed_nibble(enables, i));
+        // Only the counters this value enables can be denied: the filter is asked about
+        // those alone, walking the set bits (a flush re-judges every nibble of the page).
+        let mut candidates = self.fixed_counters;
+        let mut denied = 0;
+        while candidates != 0 {
+            let index = candidates.trailing_zeros();
+            candidates &= candidates - 1;
+            if fixed_nibble(value, index) & enables != 0 && !policy.filter.allows_fixed(index) {
+                denied |= at_fixed_nibble(enables, index);
+            }
+        }
         Ok(value & !denied)
     }
 

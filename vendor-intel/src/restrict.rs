@@ -33,7 +33,11 @@ pub(crate) fn event_select(rules: &GuestRules, value: u64, policy: &GuestPolicy<
 pub(crate) fn fixed_ctrl(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_>) -> Restricted {
     let mut image = 0;
     let mut refused = false;
-    for index in 0..u64::BITS / FIXED_NIBBLE_BITS {
+    // A zero nibble is accepted with a zero image: only the non-zero ones are judged.
+    let mut nibbles = nibble_mask(value);
+    while nibbles != 0 {
+        let index = nibbles.trailing_zeros();
+        nibbles &= nibbles - 1;
         let nibble = at_fixed_nibble(fixed_nibble(value, index), index);
         match rules.fixed_ctrl(nibble, policy) {
             Ok(hardware) => image |= hardware,
@@ -41,6 +45,13 @@ pub(crate) fn fixed_ctrl(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_
         }
     }
     if refused { Err(image) } else { Ok(image) }
+}
+
+/// Bit `i` set for each non-zero nibble `i` of a FIXED_CTR_CTRL value.
+fn nibble_mask(value: u64) -> u32 {
+    (0..u64::BITS / FIXED_NIBBLE_BITS)
+        .filter(|&index| fixed_nibble(value, index) != 0)
+        .fold(0, |mask, index| mask | 1 << index)
 }
 
 /// IA32_DS_AREA: the value if the validator accepts it, else 0 (no DS area loaded).
