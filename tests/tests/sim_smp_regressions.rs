@@ -344,14 +344,21 @@ impl<C> VcpuTable<C> for Interleaved<'_, C> {
     }
 }
 
-fn stale_system_sample<V: SimVendor>(vendor: V) {
+/// Two pCPUs: P (with its page) on pCPU 0 and A on pCPU 1; P programs `own` in self mode,
+/// enters all mode and samples every pCPU; pCPU 1's instance has overflowed and raised its
+/// PMI, not yet taken. Returns the machine and P's page frame.
+fn profiler_overflowed_on_pcpu1<V: SimVendor>(
+    vendor: V,
+    own: &[vpmu_sim::CounterSetup],
+) -> (Machine<V>, u64) {
     let name = vendor.name();
     let mut m = Machine::new(vendor, 2, &[1, 1], XENPMU_MODE_SELF);
     let gfn = m.register_page(P);
     m.schedule(0, Some(P));
     m.schedule(1, Some(A));
-    // P's own counter, programmed in self mode, stays with its context through all mode.
-    m.program(P, &[counting(1, 0)]);
+    if !own.is_empty() {
+        m.program(P, own);
+    }
     assert!(
         m.op(P, XENPMU_OP_MODE_SET, &Params::new(XENPMU_MODE_ALL, 0))
             .is_ok()
@@ -363,6 +370,13 @@ fn stale_system_sample<V: SimVendor>(vendor: V) {
         m.pcpus[1].hw_mut().take_pmi(),
         "{name}: pCPU 1's instance overflowed"
     );
+    (m, gfn)
+}
+
+fn stale_system_sample<V: SimVendor>(vendor: V) {
+    let name = vendor.name();
+    // P's own counter, programmed in self mode, stays with its context through all mode.
+    let (mut m, gfn) = profiler_overflowed_on_pcpu1(vendor, &[counting(1, 0)]);
     // pCPU 1 takes the interrupt under all mode; between its catch-up check and its visit of
     // the profiler, P leaves all mode on pCPU 0, which catches up at once and loads P's own
     // context (pCPU 1's catch-up is still on its way).
@@ -436,17 +450,7 @@ fn a_system_wide_sample_of_an_ended_all_mode_does_not_reach_the_profiler() {
 /// (domain 1 shows the same set-up publishing).
 fn reserved_domain_sample<V: SimVendor>(vendor: V, domain: u32) {
     let name = vendor.name();
-    let mut m = Machine::new(vendor, 2, &[1, 1], XENPMU_MODE_SELF);
-    let gfn = m.register_page(P);
-    m.schedule(0, Some(P));
-    m.schedule(1, Some(A));
-    assert!(
-        m.op(P, XENPMU_OP_MODE_SET, &Params::new(XENPMU_MODE_ALL, 0))
-            .is_ok()
-    );
-    m.program(P, &[sampling(0, 4)]);
-    count_silently(&mut m, 1, 4);
-    assert!(m.pcpus[1].hw_mut().take_pmi(), "{name}: pCPU 1 overflowed");
+    let (mut m, gfn) = profiler_overflowed_on_pcpu1(vendor, &[]);
     m.platform.interrupted[1] = vpmu::Interrupted::Guest {
         vcpu: VcpuId { domain, vcpu: 0 },
         regs: vpmu::abi::Regs::default(),

@@ -246,15 +246,14 @@ where
                 let cell = &m.vcpus.domains[1][0];
                 let (vpmu, platform, pcpu) = (&m.vpmu, &mut m.platform, &mut m.pcpus[0]);
                 let mut vcpu = cell.borrow_mut();
-                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let mark = Mark::take(pcpu.hw());
                 let ok = vpmu_bench_measured(|| match scenario {
                     Scenario::Wrmsr => vpmu
                         .wrmsr(platform, pcpu, &mut vcpu, Msr(msr), value)
                         .is_ok(),
                     _ => vpmu.rdmsr(platform, pcpu, &mut vcpu, Msr(counter)).is_ok(),
                 });
-                let after = (pcpu.hw().access_stats().total(), alloc_count());
-                ok.then_some((after.0 - before.0, after.1 - before.1))
+                ok.then(|| mark.since(pcpu.hw()))
             };
             once(&mut m).ok_or("warm-up intercept failed")?;
             let (msr_accesses, allocations) = once(&mut m).ok_or("intercept failed")?;
@@ -282,13 +281,12 @@ where
                 m.platform.calling_pcpu = Some(0);
                 let (vpmu, platform, pcpu, vcpus) =
                     (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
-                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let mark = Mark::take(pcpu.hw());
                 let ok = vpmu_bench_measured(|| {
                     vpmu.context_switch(platform, pcpu, vcpus, Some(B)).is_ok()
                         && vpmu.context_switch(platform, pcpu, vcpus, Some(A)).is_ok()
                 });
-                let after = (pcpu.hw().access_stats().total(), alloc_count());
-                ok.then_some((after.0 - before.0, after.1 - before.1))
+                ok.then(|| mark.since(pcpu.hw()))
             };
             pair(&mut m).ok_or("warm-up switch failed")?;
             let (msr_accesses, allocations) = pair(&mut m).ok_or("switch failed")?;
@@ -315,9 +313,9 @@ where
                 m.platform.calling_pcpu = Some(0);
                 let (vpmu, platform, pcpu, vcpus) =
                     (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
-                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let mark = Mark::take(pcpu.hw());
                 let outcome = vpmu_bench_measured(|| vpmu.handle_pmi(platform, pcpu, vcpus));
-                let after = (pcpu.hw().access_stats().total(), alloc_count());
+                let cost = mark.since(pcpu.hw());
                 m.platform.calling_pcpu = None;
                 if !matches!(outcome, Ok(PmiOutcome::Delivered { to: A, .. })) {
                     return None;
@@ -329,7 +327,7 @@ where
                 m.write(A, driver.write_counter(0, setup.start_value()));
                 m.platform.set_lvtpc_masked(A, false);
                 m.platform.lvtpc_deliveries.clear();
-                Some((after.0 - before.0, after.1 - before.1))
+                Some(cost)
             };
             pmi(&mut m).ok_or("warm-up PMI was not delivered through the LVTPC")?;
             let (msr_accesses, allocations) =
@@ -360,16 +358,13 @@ where
                 m.platform.calling_pcpu = Some(0);
                 let (vpmu, platform, pcpu, vcpus) =
                     (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
-                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let mark = Mark::take(pcpu.hw());
                 let outcome = if scenario == Scenario::PmiSample {
                     vpmu_bench_measured(|| vpmu.handle_pmi(platform, pcpu, vcpus))
                 } else {
                     vpmu.handle_pmi(platform, pcpu, vcpus)
                 };
-                let mut cost = (
-                    pcpu.hw().access_stats().total() - before.0,
-                    alloc_count() - before.1,
-                );
+                let mut cost = mark.since(pcpu.hw());
                 m.platform.calling_pcpu = None;
                 if !matches!(outcome, Ok(PmiOutcome::Delivered { to: P, .. })) {
                     return None;
@@ -391,17 +386,14 @@ where
                         &Params::new(0, 0),
                     )
                 };
-                let before = (pcpu.hw().access_stats().total(), alloc_count());
+                let mark = Mark::take(pcpu.hw());
                 let flushed = if scenario == Scenario::Flush {
                     vpmu_bench_measured(|| flush(pcpu))
                 } else {
                     flush(pcpu)
                 };
                 if scenario == Scenario::Flush {
-                    cost = (
-                        pcpu.hw().access_stats().total() - before.0,
-                        alloc_count() - before.1,
-                    );
+                    cost = mark.since(pcpu.hw());
                 }
                 m.platform.calling_pcpu = None;
                 flushed.ok().map(|_| cost)
@@ -425,6 +417,31 @@ fn interrupted_guest(vcpu: VcpuId) -> Interrupted {
             rip: 0xffff_8000_0010_0000,
             ..Default::default()
         },
+    }
+}
+
+/// The MSR accesses a pCPU's model served and the heap allocations made, at one moment.
+#[derive(Clone, Copy)]
+struct Mark {
+    accesses: u64,
+    allocations: u64,
+}
+
+impl Mark {
+    fn take(model: &impl SoftwarePmu) -> Self {
+        Mark {
+            accesses: model.access_stats().total(),
+            allocations: alloc_count(),
+        }
+    }
+
+    /// (MSR accesses, allocations) since `self`.
+    fn since(self, model: &impl SoftwarePmu) -> (u64, u64) {
+        let now = Mark::take(model);
+        (
+            now.accesses - self.accesses,
+            now.allocations - self.allocations,
+        )
     }
 }
 
