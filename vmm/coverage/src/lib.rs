@@ -420,12 +420,23 @@ pub fn command(kvm: &kvm_ioctls::Kvm, options: &Options) -> Result<Outcome, Cove
         let results = vpmu_selftest::selftest(kvm, vpmu_selftest::VendorChoice::Both, false)?;
         let failed: u32 = results.iter().map(|r| r.failed).sum();
         let passed: u32 = results.iter().map(|r| r.passed).sum();
+        // Name what failed: a coverage run is often the only run of the suite someone reads.
+        let failures: Vec<String> = results
+            .iter()
+            .filter(|r| r.failed != 0)
+            .map(|r| format!("{} {}: {}", r.personality, r.case, r.failures.join("; ")))
+            .collect();
         checks.check(
             "the conformance suite passed",
             failed == 0,
             format!(
-                "{} cases, {passed} checks passed, {failed} failed",
-                results.len()
+                "{} cases, {passed} checks passed, {failed} failed{}",
+                results.len(),
+                if failures.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", failures.join(" | "))
+                }
             ),
         );
     }
