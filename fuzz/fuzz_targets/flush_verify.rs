@@ -19,14 +19,14 @@ fuzz_target!(|data: &[u8]| {
         let (pmu, mut model) = vpmu_fuzz::intel(*shape);
         let saved = pmu.new_context();
         if let Ok(ctx) = pmu.context_from_page(&area, &saved, &policy) {
-            pmu.load(&ctx, &mut model).expect("an accepted context loads without a fault");
+            pmu.load(&ctx, &mut model, &mut vpmu::HwRecord::unknown()).expect("an accepted context loads without a fault");
             vpmu_fuzz::assert_intel_clean(&model);
         }
     } else {
         let (pmu, mut model) = vpmu_fuzz::amd(*shape);
         let saved = pmu.new_context();
         if let Ok(ctx) = pmu.context_from_page(&area, &saved, &policy) {
-            pmu.load(&ctx, &mut model).expect("an accepted context loads without a fault");
+            pmu.load(&ctx, &mut model, &mut vpmu::HwRecord::unknown()).expect("an accepted context loads without a fault");
             vpmu_fuzz::assert_amd_clean(&model, policy.may_count_host);
         }
     }

@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
             }
             vpmu_fuzz::assert_intel_clean(&model);
         }
-        pmu.save(&mut ctx, &mut model).expect("no hardware fault");
+        pmu.save(&mut ctx, &mut model, &mut vpmu::HwRecord::unknown()).expect("no hardware fault");
         assert_eq!(model.registers().global_ctrl, 0, "save leaves the hardware stopped");
     } else {
         let (pmu, mut model) = vpmu_fuzz::amd(*shape);
@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
             }
             vpmu_fuzz::assert_amd_clean(&model, policy.may_count_host);
         }
-        pmu.save(&mut ctx, &mut model).expect("no hardware fault");
+        pmu.save(&mut ctx, &mut model, &mut vpmu::HwRecord::unknown()).expect("no hardware fault");
         assert!(model.registers().controls.iter().all(|&ctl| ctl == 0), "save leaves the hardware clean");
     }
 });

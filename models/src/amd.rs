@@ -108,6 +108,13 @@ impl AmdPmuModel {
         self.regs
     }
 
+    /// Whether no counter can count: none has EN set and (PerfMonV2) its GlobalCtl bit.
+    pub fn nothing_can_count(&self) -> bool {
+        let r = &self.regs;
+        (0..r.counters as usize)
+            .all(|i| r.controls[i] & (1 << 22) == 0 || (self.v2 && r.global_ctl & (1 << i) == 0))
+    }
+
     /// Replaces counter `index`'s value without an MSR access, as another owner of the CPU
     /// would have left it (e.g. to plant a stale value a backend must not leak). Truncated to
     /// 48 bits; ignored beyond the counter count.

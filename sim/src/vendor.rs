@@ -39,8 +39,9 @@ pub trait SimVendor: Clone + fmt::Debug {
     fn model(&self) -> Self::Model;
     /// The model's raw registers.
     fn raw(model: &Self::Model) -> Self::Raw;
-    /// Whether no control of the model is programmed (the core's clean-hardware invariant).
-    fn is_clean(model: &Self::Model) -> bool;
+    /// Whether no counter of the model can count (the core's invariant between contexts:
+    /// the controls may stay programmed, but nothing is enabled both locally and globally).
+    fn nothing_can_count(model: &Self::Model) -> bool;
     /// The guest perf driver for this shape.
     fn driver(&self) -> Driver;
 }
@@ -88,9 +89,13 @@ impl SimVendor for IntelShape {
         *model.registers()
     }
 
-    fn is_clean(model: &IntelPmuModel) -> bool {
+    fn nothing_can_count(model: &IntelPmuModel) -> bool {
         let r = model.registers();
-        r.event_selects == [0; 8] && r.fixed_ctrl == 0 && r.global_ctrl == 0
+        let gp =
+            (0..8).all(|i| r.event_selects[i] & (1 << 22) == 0 || r.global_ctrl & (1 << i) == 0);
+        let fixed = (0..4)
+            .all(|i| (r.fixed_ctrl >> (4 * i)) & 0b11 == 0 || r.global_ctrl & (1 << (32 + i)) == 0);
+        gp && fixed
     }
 
     fn driver(&self) -> Driver {
@@ -124,9 +129,8 @@ impl SimVendor for AmdShape {
         model.registers()
     }
 
-    fn is_clean(model: &AmdPmuModel) -> bool {
-        let r = model.registers();
-        r.controls.iter().all(|&c| c == 0) && r.global_ctl == 0
+    fn nothing_can_count(model: &AmdPmuModel) -> bool {
+        model.nothing_can_count()
     }
 
     fn driver(&self) -> Driver {

@@ -481,7 +481,10 @@ impl<V: SimVendor> World<V> {
         }
         if self.mode != XENPMU_MODE_ALL {
             for (p, cpu) in self.m.pcpus.iter().enumerate() {
-                assert!(V::is_clean(cpu.hw()), "pCPU {p}: clean hardware when idle");
+                assert!(
+                    V::nothing_can_count(cpu.hw()),
+                    "pCPU {p}: nothing can count when idle"
+                );
             }
         }
         self.m.assert_conservation();

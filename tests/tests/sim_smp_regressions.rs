@@ -424,7 +424,7 @@ fn stale_system_sample<V: SimVendor>(vendor: V) {
     m.schedule(0, None);
     for pcpu in 0..2 {
         assert!(
-            V::is_clean(m.pcpus[pcpu].hw()),
+            V::nothing_can_count(m.pcpus[pcpu].hw()),
             "{name}: pCPU {pcpu} is clean with nothing loaded: {:?}",
             V::raw(m.pcpus[pcpu].hw())
         );

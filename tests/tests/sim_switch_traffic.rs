@@ -39,26 +39,27 @@ impl Traffic {
 /// fixed counters can do, as (reads, writes) of the save and of the load:
 ///
 /// * save — stop every counter at once where a global control exists (one write; without it,
-///   each control must be cleared anyway); read the overflow status where it exists (overflows
-///   since the last PMI belong to the context); read each counter in use; clear each control in
-///   use (the next owner, possibly a vCPU that never uses the PMU, must find no control
-///   programmed; one FIXED_CTR_CTRL write covers the fixed counters);
-/// * load — write each counter in use, each control in use (one FIXED_CTR_CTRL), and the global
-///   control last.
+///   each control must be cleared: that is what stops its counter); read the overflow status
+///   where it exists (overflows since the last PMI belong to the context); read each counter
+///   in use. With a global control the controls stay programmed: nothing counts while it is 0;
+/// * load, nothing else having used the pCPU in between — the counters and controls still hold
+///   the context's values: re-enable, with the global control (one write) or, without it, each
+///   control.
+///
+/// *k* counters with a global control: *k* + 3.
 fn minimum(driver: Driver, gp: u64, fixed: u64) -> Traffic {
-    let any_fixed = u64::from(fixed > 0);
     match driver {
         Driver::Intel { .. } => Traffic {
-            save: (1 + gp + fixed, 1 + gp + any_fixed),
-            load: (0, gp + fixed + gp + any_fixed + 1),
+            save: (1 + gp + fixed, 1),
+            load: (0, 1),
         },
         Driver::Amd { v2: true, .. } => Traffic {
-            save: (gp + 1, 1 + gp),
-            load: (0, 2 * gp + 1),
+            save: (gp + 1, 1),
+            load: (0, 1),
         },
         Driver::Amd { .. } => Traffic {
             save: (gp, gp),
-            load: (0, 2 * gp),
+            load: (0, gp),
         },
     }
 }
@@ -179,7 +180,10 @@ fn traffic<V: SimVendor>(vendor: V) {
     );
     assert_eq!(t, min);
     m.schedule(0, None);
-    assert!(V::is_clean(m.pcpus[0].hw()), "clean hardware when idle");
+    assert!(
+        V::nothing_can_count(m.pcpus[0].hw()),
+        "nothing can count when idle"
+    );
     m.assert_conservation();
 
     // (c) All mode: the profiler's system-wide counters stay put whoever runs.
@@ -197,7 +201,7 @@ fn traffic<V: SimVendor>(vendor: V) {
     assert_eq!(t, zero);
     assert_eq!(m.pcpus[0].hw().access_stats(), counted);
     assert!(
-        !V::is_clean(m.pcpus[0].hw()),
+        !V::nothing_can_count(m.pcpus[0].hw()),
         "the system-wide counters are still programmed"
     );
 }

@@ -383,7 +383,7 @@ fn discarded_with_the_mode<V: SimVendor>(vendor: V, target: u64) {
     );
     assert!(m.platform.lvtpc_deliveries.is_empty(), "{name}");
     assert!(
-        V::is_clean(m.pcpus[0].hw()),
+        V::nothing_can_count(m.pcpus[0].hw()),
         "{name}, mode {target:#x}: P0's counters are off the hardware"
     );
 }

@@ -2,7 +2,7 @@
 
 use raw_cpuid::CpuIdReader;
 use vpmu::abi::{AmdBanks, VendorArea, VendorLayout};
-use vpmu::bank::{self, BankMap, SaveOrder, StatusMsrs};
+use vpmu::bank::{self, BankMap, HwRecord, SaveControls, StatusMsrs};
 use vpmu::{
     ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
     PmuCapabilities,
@@ -69,9 +69,9 @@ impl AmdPmu {
         &self.msr_banks[0]
     }
 
-    /// Brings a CPU's PMU into the state `save` leaves and `load` expects: every control 0
-    /// and, with PerfMonV2, GlobalCtl 0 and no status bit. Call once per CPU before the first
-    /// `load` (hardware resets GlobalCtl to all-enabled).
+    /// Cleans a CPU's PMU: every control 0 and, with PerfMonV2, GlobalCtl 0 and no status
+    /// bit. Call once per CPU before the first `load` (hardware resets GlobalCtl to
+    /// all-enabled); a [`HwRecord`] of this CPU then knows every control 0 and nothing else.
     pub fn clean_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault> {
         if self.caps.has_perfmon_v2() {
             hw.write(Msr(GLOBAL_CTL), 0)?;
@@ -85,8 +85,9 @@ impl AmdPmu {
         Ok(())
     }
 
-    /// Whether the hardware GlobalCtl holds the context's value (rather than the clean 0).
-    /// It does exactly while something is in use: `load` writes it then, and `save` clears it.
+    /// Whether a loaded context must have its GlobalCtl written when its first counter is put
+    /// in use (a loaded context always has one in use, so this is a fallback: `load` makes
+    /// the hardware GlobalCtl the context's, and `save` clears it).
     fn global_on_hardware(&self, ctx: &AmdContext) -> bool {
         self.caps.has_perfmon_v2() && !ctx.in_use.is_empty() && ctx.global_ctl != 0
     }
@@ -333,40 +334,64 @@ impl PmuBackend for AmdPmu {
         Ok(MsrOutcome::Handled(()))
     }
 
-    /// Stops and reads back the counters in use: GlobalCtl ← 0 first (PerfMonV2: one write
-    /// stops them all), each of their controls ← 0, each counter read, then the overflows
-    /// collected as a PMI would: PerfMonV2's hardware status folded into the virtual one and
-    /// cleared only if non-zero; before PerfMonV2 the top-bit rule applied to the values just
-    /// read (disarming what it finds, so the wrap is reported once, here or at a PMI). Returns
-    /// every overflow found, as a PMI would: one already in the virtual status (the guest has
-    /// not acknowledged it yet) that happened again raised a PMI again. Nothing in use: no
-    /// access at all.
-    fn save<B: MsrBus>(&self, ctx: &mut AmdContext, hw: &mut B) -> Result<Overflow, MsrFault> {
+    /// Stops and reads back the counters in use. PerfMonV2: GlobalCtl ← 0 (one write stops
+    /// them all; none if the context's GlobalCtl, which the hardware holds while it is loaded,
+    /// is 0), each counter read, the controls left programmed and recorded. Before PerfMonV2
+    /// there is no global stop: each non-zero control ← 0 (what freezes its counter), then
+    /// each counter read. Then the overflows are collected as a PMI would: PerfMonV2's
+    /// hardware status folded into the virtual one and cleared only if non-zero; before
+    /// PerfMonV2 the top-bit rule applied to the values just read (disarming what it finds, so
+    /// the wrap is reported once, here or at a PMI). Returns every overflow found, as a PMI
+    /// would: one already in the virtual status (the guest has not acknowledged it yet) that
+    /// happened again raised a PMI again. Nothing in use: no access at all.
+    fn save<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: &mut B,
+        record: &mut HwRecord,
+    ) -> Result<Overflow, MsrFault> {
         if ctx.in_use.is_empty() {
             return Ok(Overflow::default());
         }
-        if self.global_on_hardware(ctx) {
-            hw.write(Msr(GLOBAL_CTL), 0)?;
-        }
-        // Controls first: before PerfMonV2 there is no global stop, so clearing a control is
-        // what freezes its counter for the read.
         let in_use = ctx.in_use;
-        bank::save(&self.msr_banks, ctx, in_use, SaveOrder::ControlsFirst, hw)?;
+        let controls = if self.caps.has_perfmon_v2() {
+            if ctx.global_ctl != 0 {
+                record.set_global(None);
+                hw.write(Msr(GLOBAL_CTL), 0)?;
+            }
+            record.set_global(Some(0));
+            SaveControls::Keep
+        } else {
+            SaveControls::Clear
+        };
+        bank::save(&self.msr_banks, ctx, in_use, controls, hw, record)?;
         let overflow = self.collect_overflows(ctx, hw, CounterValues::Saved)?;
         ctx.in_use = ctx.enabled_on_hardware();
         Ok(overflow)
     }
 
-    /// Counters, then controls, then GlobalCtl — only for counters in use. The virtual status
-    /// stays in the context (guest reads combine it with the hardware's), so a counter that
-    /// overflows again while its bit is pending still shows up as a new hardware status bit.
-    fn load<B: MsrBus>(&self, ctx: &AmdContext, hw: &mut B) -> Result<(), MsrFault> {
-        if ctx.in_use.is_empty() {
-            return Ok(());
-        }
-        bank::load(&self.msr_banks, ctx, ctx.in_use, hw)?;
-        if self.global_on_hardware(ctx) {
+    /// Counters, then controls, then GlobalCtl (once something is in use) — each only if the record does not know the
+    /// hardware holds it; the controls another context left on counters this one does not
+    /// use are cleared. The virtual status stays in the context (guest reads combine it with
+    /// the hardware's), so a counter that overflows again while its bit is pending still
+    /// shows up as a new hardware status bit.
+    fn load<B: MsrBus>(
+        &self,
+        ctx: &AmdContext,
+        hw: &mut B,
+        record: &mut HwRecord,
+    ) -> Result<(), MsrFault> {
+        // Even with nothing in use (the core loads no such context, but a caller may, and
+        // then put counters in use by WRMSR): the controls other contexts left are cleared.
+        let present = self.capabilities.all_counters();
+        bank::load(&self.msr_banks, ctx, ctx.in_use, present, hw, record)?;
+        if self.caps.has_perfmon_v2()
+            && !ctx.in_use.is_empty()
+            && record.global() != Some(ctx.global_ctl)
+        {
+            record.set_global(None);
             hw.write(Msr(GLOBAL_CTL), ctx.global_ctl)?;
+            record.set_global(Some(ctx.global_ctl));
         }
         Ok(())
     }

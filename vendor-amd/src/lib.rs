@@ -68,13 +68,16 @@
 //! guest reads back EN (KVM's filter semantics). `XENPMU_FEATURE_*` (IPC_ONLY, ARCH_ONLY,
 //! INTEL_BTS) describe Intel facilities and are ignored on AMD.
 //!
-//! **Save/load.** At rest the hardware is clean: every control 0 and, with PerfMonV2,
-//! GlobalCtl 0 and no status bit ([`AmdPmu::clean_hardware`] establishes it once per CPU).
-//! Only counters *in use* (those programmed to count) are touched: `save` stops them (GlobalCtl
-//! first), reads them and collects their overflows as a PMI would (PerfMonV2's status folded;
-//! before it the top-bit rule), returning those not already recorded so that a PMI raised but
-//! not yet handled at the switch is not lost; `load` writes counters, then controls, then
-//! GlobalCtl. A context that never counted costs no access. PerfMonV2's GlobalCtl resets to
+//! **Save/load.** At rest nothing counts: with PerfMonV2 GlobalCtl is 0 (the controls stay
+//! programmed) and no status bit is set; before it every control of the last context is 0
+//! ([`AmdPmu::clean_hardware`] cleans a CPU once). The pCPU's `vpmu::bank::HwRecord` says what
+//! the hardware holds. Only counters *in use* (those programmed to count) are saved: `save`
+//! stops them (one GlobalCtl write with PerfMonV2, each control cleared before it), reads them
+//! and collects their overflows as a PMI would (PerfMonV2's status folded; before it the
+//! top-bit rule), returning those not already recorded so that a PMI raised but not yet
+//! handled at the switch is not lost; `load` writes the counters and controls the record does
+//! not know the hardware holds (clearing controls other contexts left on counters not in use),
+//! then GlobalCtl if it differs. A context that never counted costs no access. PerfMonV2's GlobalCtl resets to
 //! all counters enabled, as KVM emulates the hardware RESET value. The virtual PerfMonV2 status
 //! stays in the context and is never put back on the hardware: guest reads combine it with the
 //! hardware's, and a counter that overflows again while its bit is pending is still seen.

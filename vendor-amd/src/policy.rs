@@ -59,8 +59,8 @@ pub fn control(value: u64, policy: &GuestPolicy<'_>) -> Result<Control, Refused>
     if !policy.filter.allows(ctl::event(value)) {
         hardware &= !ctl::EN;
     }
-    // A control that does nothing stays 0 on the hardware: the clean-hardware invariant is
-    // then simply "every control is 0".
+    // A control that does nothing stays 0 on the hardware: a context that clears a control
+    // leaves nothing programmed there.
     if value == 0 {
         hardware = 0;
     }

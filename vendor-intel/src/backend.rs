@@ -4,7 +4,7 @@
 
 use raw_cpuid::CpuIdReader;
 use vpmu::abi::{IntelBanks, VendorArea, VendorLayout};
-use vpmu::bank::BankMap;
+use vpmu::bank::{BankMap, HwRecord};
 use vpmu::{
     ContextError, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
     PmuCapabilities,
@@ -105,12 +105,22 @@ impl PmuBackend for IntelPmu {
         self.write_register(ctx, hw, policy, msr, value)
     }
 
-    fn save<B: MsrBus>(&self, ctx: &mut IntelContext, hw: &mut B) -> Result<Overflow, MsrFault> {
-        self.save_context(ctx, hw)
+    fn save<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: &mut B,
+        record: &mut HwRecord,
+    ) -> Result<Overflow, MsrFault> {
+        self.save_context(ctx, hw, record)
     }
 
-    fn load<B: MsrBus>(&self, ctx: &IntelContext, hw: &mut B) -> Result<(), MsrFault> {
-        self.load_context(ctx, hw)
+    fn load<B: MsrBus>(
+        &self,
+        ctx: &IntelContext,
+        hw: &mut B,
+        record: &mut HwRecord,
+    ) -> Result<(), MsrFault> {
+        self.load_context(ctx, hw, record)
     }
 
     fn handle_overflow<B: MsrBus>(

@@ -70,12 +70,15 @@
 //!
 //! ## Context switch
 //!
-//! At rest every PERFEVTSELx, FIXED_CTR_CTRL and GLOBAL_CTRL on the hardware is 0; call
-//! [`IntelPmu::clean_hardware`] once per CPU before its first load to establish that. Save writes
-//! GLOBAL_CTRL ← 0 first, folds GLOBAL_STATUS into the context's virtual status (acknowledging
-//! it only if set) and reports the overflows it newly recorded (a PMI raised but not yet
-//! handled), reads the counters in use and clears their controls; load writes values, then
-//! controls, then GLOBAL_CTRL. A context that never used a counter costs no access.
+//! At rest nothing counts: GLOBAL_CTRL is 0 and no status bit is set, while PERFEVTSELx and
+//! FIXED_CTR_CTRL keep what the last context left; call [`IntelPmu::clean_hardware`] once per
+//! CPU before its first load. The pCPU's `vpmu::bank::HwRecord` says what the hardware holds.
+//! Save writes GLOBAL_CTRL ← 0 first (unless the context's is 0), folds GLOBAL_STATUS into the
+//! context's virtual status (acknowledging it only if set) and reports the overflows it newly
+//! recorded (a PMI raised but not yet handled), and reads the counters in use; load writes the
+//! values and controls the record does not know the hardware holds (clearing the controls
+//! other contexts left on counters not in use), then GLOBAL_CTRL if it differs. A context that
+//! never used a counter costs no access.
 //!
 //! ## Policy changes
 //!

@@ -77,7 +77,7 @@ fn other_vcpu_uses_everything(m: &mut Machine) {
     m.set(&mut other, GLOBAL_CTRL, 0xf_0000_00ff);
     m.run(HwEvent::Instructions, 1234, KERNEL);
     m.save(&mut other);
-    m.assert_clean();
+    m.assert_nothing_counts();
 }
 
 #[test]
@@ -96,7 +96,7 @@ fn save_load_round_trip_preserves_every_register() {
     );
 
     m.save(&mut vcpu);
-    m.assert_clean();
+    m.assert_nothing_counts();
     assert_eq!(m.hw.registers().ds_area, 0);
     let saved_ctx = vcpu.ctx.clone();
     assert_eq!(
@@ -235,6 +235,12 @@ fn legacy_only_restore_is_exact_for_writable_values() {
     m.save(&mut vcpu);
     assert_eq!(vcpu.ctx.gp_counter(0), Some(0x8000_0010));
     m.load(&mut vcpu);
+    // Nothing in between: the hardware still holds the exact count, nothing is written back.
+    assert_eq!(m.get(&mut vcpu, PMC0), 0x8000_0010);
+    m.save(&mut vcpu);
+    // Written back (the record lost, or another context used the counter): sign-extended.
+    m.record.forget();
+    m.load(&mut vcpu);
     assert_eq!(m.get(&mut vcpu, PMC0), 0xffff_8000_0010);
 }
 
@@ -248,9 +254,13 @@ struct Traffic {
 fn measure(m: &mut Machine, vcpu: &mut Vcpu) -> Traffic {
     let model_before = m.stats();
     let mut bus = CountingBus::new(&mut m.hw);
-    m.pmu.load(&vcpu.ctx, &mut bus).expect("load");
+    m.pmu
+        .load(&vcpu.ctx, &mut bus, &mut m.record)
+        .expect("load");
     let load = bus.stats();
-    m.pmu.save(&mut vcpu.ctx, &mut bus).expect("save");
+    m.pmu
+        .save(&mut vcpu.ctx, &mut bus, &mut m.record)
+        .expect("save");
     let save = bus.stats() - load;
     assert_eq!(m.stats() - model_before, bus_total(load, save));
     assert_eq!(load.faults + save.faults, 0);
@@ -300,10 +310,14 @@ fn msr_traffic_of_a_switch() {
         m.set(&mut one, EVTSEL0, ENABLE_ALL_RINGS | INSTRUCTIONS);
         let t = measure(&mut m, &mut one);
         report(&format!("  1 of {gp} counters active"), &t);
-        // Load: counter, selector, GLOBAL_CTRL. Save: GLOBAL_CTRL <- 0, GLOBAL_STATUS,
-        // counter, selector <- 0.
+        // Load onto a cleaned CPU: counter, selector, GLOBAL_CTRL (not known since the
+        // clean-up). Save: GLOBAL_CTRL <- 0, GLOBAL_STATUS, counter; the selector stays.
         assert_eq!((t.load.reads, t.load.writes), (0, 3));
-        assert_eq!((t.save.reads, t.save.writes), (2, 2));
+        assert_eq!((t.save.reads, t.save.writes), (2, 1));
+        // Switched back with nothing in between: only GLOBAL_CTRL changes (k + 3 in all).
+        let t = measure(&mut m, &mut one);
+        assert_eq!((t.load.reads, t.load.writes), (0, 1));
+        assert_eq!((t.save.reads, t.save.writes), (2, 1));
 
         let mut all = m.vcpu();
         for i in 0..gp {
@@ -314,18 +328,25 @@ fn msr_traffic_of_a_switch() {
         let t = measure(&mut m, &mut all);
         report(&format!("  all active ({gp} GP + {fixed} fixed)"), &t);
         let counters = u64::from(gp + fixed);
-        // Load: every counter, every selector, FIXED_CTR_CTRL, GLOBAL_CTRL.
+        // Load after `one`: every counter, every selector but 0 (`one` left the same value
+        // there), FIXED_CTR_CTRL, GLOBAL_CTRL.
         assert_eq!(
             (t.load.reads, t.load.writes),
-            (0, counters + u64::from(gp) + 2)
+            (0, counters + u64::from(gp) - 1 + 2)
         );
-        // Save: GLOBAL_CTRL <- 0, GLOBAL_STATUS, every counter, every selector <- 0,
-        // FIXED_CTR_CTRL <- 0.
+        // Save: GLOBAL_CTRL <- 0, GLOBAL_STATUS, every counter.
+        assert_eq!((t.save.reads, t.save.writes), (1 + counters, 1));
+        m.assert_nothing_counts();
+        let t = measure(&mut m, &mut all);
+        assert_eq!((t.load.reads, t.load.writes), (0, 1));
+        assert_eq!((t.save.reads, t.save.writes), (1 + counters, 1));
+        // And `one` after `all`: its counter, and every selector `all` left, cleared.
+        let t = measure(&mut m, &mut one);
         assert_eq!(
-            (t.save.reads, t.save.writes),
-            (1 + counters, 2 + u64::from(gp))
+            (t.load.reads, t.load.writes),
+            (0, 1 + u64::from(gp) - 1 + 1 + 1)
         );
-        m.assert_clean();
+        m.assert_nothing_counts();
     }
 }
 
@@ -348,9 +369,11 @@ fn uncleaned_power_on_state_does_not_count_for_a_disabled_context() {
         )
         .expect("no hardware");
     }
-    pmu.load(&ctx, &mut hw).expect("load");
+    // A CPU nobody cleaned: nothing is known about it.
+    let mut record = vpmu::HwRecord::unknown();
+    pmu.load(&ctx, &mut hw, &mut record).expect("load");
     hw.count(HwEvent::Instructions, 10, KERNEL);
     assert_eq!(hw.registers().gp_counters[0], 0);
-    pmu.save(&mut ctx, &mut hw).expect("save");
+    pmu.save(&mut ctx, &mut hw, &mut record).expect("save");
     assert_eq!(hw.registers().global_ctrl, 0);
 }

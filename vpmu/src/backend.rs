@@ -7,6 +7,7 @@
 
 use vpmu_abi::{VendorArea, VendorLayout};
 
+use crate::bank::HwRecord;
 use crate::msr::{Msr, MsrBus, MsrFault};
 
 /// Which vendor's PMU a backend drives.
@@ -309,9 +310,9 @@ pub trait PmuBackend {
     /// A context in the state the PMU has after reset.
     fn new_context(&self) -> Self::Context;
 
-    /// Puts a pCPU's PMU into the clean state `load` expects (no counter enabled, no control
-    /// programmed, no stale status), whatever firmware or a previous owner left there. Called
-    /// once per pCPU before its first load.
+    /// Puts a pCPU's PMU into a clean state (no counter enabled, every control 0 — the core
+    /// records that in the pCPU's [`HwRecord`] —, no stale status), whatever firmware or a
+    /// previous owner left there. Called once per pCPU before its first load.
     fn init_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault>;
 
     /// Whether the context has anything that must be on the hardware while the vCPU runs
@@ -340,8 +341,12 @@ pub trait PmuBackend {
     ) -> Result<MsrOutcome<()>, MsrFault>;
 
     /// Stops the context's counters on the hardware and reads their state back into `ctx`,
-    /// leaving the hardware clean (no counter enabled, no control left programmed) for the next
-    /// owner. Touches only the registers the context uses.
+    /// leaving a hardware on which nothing counts for the next owner: the global control 0
+    /// where the PMU has one (the controls stay programmed), every control of the context 0
+    /// where it has none. `record` is the pCPU's [`HwRecord`]: save brings it up to date with
+    /// what it read and what it left on the hardware (the context's hardware images, which
+    /// the hardware holds while the context is loaded). Touches only the registers the
+    /// context uses.
     ///
     /// Returns every overflow found on the hardware (folded into the context's virtual
     /// status), with `interrupt` set if any of them has its interrupt enabled: a PMI raised but
@@ -350,11 +355,23 @@ pub trait PmuBackend {
     /// enabled always means an overflow that happened with it enabled: a backend acknowledges
     /// a silent overflow when the guest turns the interrupt on, as a new overflow of a counter
     /// whose previous one the guest has not acknowledged must interrupt again.
-    fn save<B: MsrBus>(&self, ctx: &mut Self::Context, hw: &mut B) -> Result<Overflow, MsrFault>;
+    fn save<B: MsrBus>(
+        &self,
+        ctx: &mut Self::Context,
+        hw: &mut B,
+        record: &mut HwRecord,
+    ) -> Result<Overflow, MsrFault>;
 
-    /// Programs clean hardware with `ctx`: values and controls first, global enables last.
-    /// Touches only the registers the context uses.
-    fn load<B: MsrBus>(&self, ctx: &Self::Context, hw: &mut B) -> Result<(), MsrFault>;
+    /// Programs hardware on which nothing counts, as `record` describes it, with `ctx`:
+    /// values and controls first, global enables last, each written only if `record` does not
+    /// know the hardware holds it already; a control another context left programmed on a
+    /// counter this one does not use is cleared. Updates `record`.
+    fn load<B: MsrBus>(
+        &self,
+        ctx: &Self::Context,
+        hw: &mut B,
+        record: &mut HwRecord,
+    ) -> Result<(), MsrFault>;
 
     /// At a PMI, with `ctx` loaded: finds which counters overflowed, records them in the
     /// context's virtual status and acknowledges them on the hardware.

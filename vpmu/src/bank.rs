@@ -11,9 +11,9 @@
 //! `pmc` loops in `arch/x86/kvm/pmu.c`, which vendor code parametrises with its MSR bases and
 //! stride, are the model.
 //!
-//! Only the counters of a [`CounterSet`] are touched, lowest index first, and a control that is
-//! 0 is never written (the hardware holds 0 between contexts), so a switch costs exactly the
-//! accesses of the counters a context uses.
+//! Only the counters of a [`CounterSet`] are touched, lowest index first, and a [`HwRecord`] of
+//! what the pCPU's hardware holds between contexts lets a load skip every value and control
+//! the hardware already holds, so a switch costs the accesses of what must change.
 //!
 //! The global registers (GLOBAL_CTRL, PerfCntrGlobalCtl) stay with the vendor: when they are
 //! written depends on rules that differ (Intel writes GLOBAL_CTRL whenever something is in use,
@@ -128,48 +128,239 @@ pub trait CounterBanks {
     fn interrupt_enabled(&self, bank: usize, index: u32) -> bool;
 }
 
-/// Whether [`save`] reads the counters before or after it clears their controls. Either is
-/// exact once the global enable is off; each vendor keeps the order its traffic tests pin.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SaveOrder {
-    /// Read every counter, then clear the controls (Intel: GLOBAL_CTRL already stopped all).
-    CountersFirst,
-    /// Clear the controls, then read the counters (AMD: without PerfMonV2 clearing a control is
-    /// what stops its counter).
-    ControlsFirst,
+/// What a pCPU's PMU hardware is known to hold while no context is loaded on it, so that a
+/// load writes only what must change. Owned by the core's per-pCPU state and handed to the
+/// backend's `save` and `load`; nothing else reads it.
+///
+/// Per [`CounterSet`] bit: a counter value and a control value, each known or not. A bank
+/// with a [`Controls::Shared`] control keeps it at the position of the bank's counter 0
+/// (`first_bit`). And the global control (Intel GLOBAL_CTRL, AMD PerfCntrGlobalCtl), known or
+/// not. Comparing values rather than owners makes a vCPU that returns to its pCPU with
+/// nothing in between cost only what changed, and a context of another vCPU that happens to
+/// hold the same values cost nothing for them.
+///
+/// Between a load and the next save the record is not maintained (the loaded context's
+/// hardware images are the authority then, and guest writes go through to the hardware);
+/// `save` brings it up to date from the context. Any hardware write that neither `save` nor
+/// `load` makes while nothing is loaded must be followed by [`HwRecord::forget`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HwRecord {
+    values: [u64; 64],
+    values_known: u64,
+    controls: [u64; 64],
+    controls_known: u64,
+    /// Controls known to be 0 (a subset of `controls_known`).
+    controls_zero: u64,
+    global: Option<u64>,
 }
 
-/// Saves the counters of `set` from the hardware into `ctx` and leaves their controls 0 on the
-/// hardware, bank after bank in `order`.
-pub fn save<C: CounterBanks + ?Sized, B: MsrBus>(
-    banks: &[BankMap],
-    ctx: &mut C,
-    set: CounterSet,
-    order: SaveOrder,
-    hw: &mut B,
-) -> Result<(), MsrFault> {
-    match order {
-        SaveOrder::CountersFirst => {
-            read_counters(banks, ctx, set, hw)?;
-            write_controls(banks, ctx, set, hw, false)
+impl Default for HwRecord {
+    fn default() -> Self {
+        Self::unknown()
+    }
+}
+
+impl HwRecord {
+    /// Nothing known: the next load writes everything it needs.
+    pub const fn unknown() -> Self {
+        HwRecord {
+            values: [0; 64],
+            values_known: 0,
+            controls: [0; 64],
+            controls_known: 0,
+            controls_zero: 0,
+            global: None,
         }
-        SaveOrder::ControlsFirst => {
-            write_controls(banks, ctx, set, hw, false)?;
-            read_counters(banks, ctx, set, hw)
+    }
+
+    /// Forgets everything (someone wrote the PMU behind the record's back).
+    pub fn forget(&mut self) {
+        self.values_known = 0;
+        self.controls_known = 0;
+        self.controls_zero = 0;
+        self.global = None;
+    }
+
+    /// After a clean-up that wrote every control 0 (`PmuBackend::init_hardware`): every
+    /// control known 0, values and the global control unknown.
+    pub fn controls_cleared(&mut self) {
+        self.forget();
+        self.controls = [0; 64];
+        self.controls_known = u64::MAX;
+        self.controls_zero = u64::MAX;
+    }
+
+    /// The global control, if known.
+    pub fn global(&self) -> Option<u64> {
+        self.global
+    }
+
+    /// Records the global control (`None`: unknown).
+    pub fn set_global(&mut self, value: Option<u64>) {
+        self.global = value;
+    }
+
+    /// Whether counter `bit` is known to hold `value`.
+    pub fn knows_value(&self, bit: u32, value: u64) -> bool {
+        self.values_known >> (bit & 63) & 1 != 0 && self.values[(bit & 63) as usize] == value
+    }
+
+    /// Whether control `bit` is known to hold `value`.
+    pub fn knows_control(&self, bit: u32, value: u64) -> bool {
+        self.controls_known >> (bit & 63) & 1 != 0 && self.controls[(bit & 63) as usize] == value
+    }
+
+    /// The controls known to be 0, as a set of positions.
+    pub fn zero_controls(&self) -> CounterSet {
+        CounterSet(self.controls_zero)
+    }
+
+    /// Records counter `bit` (`None`: unknown).
+    pub fn set_value(&mut self, bit: u32, value: Option<u64>) {
+        let mask = 1u64 << (bit & 63);
+        match value {
+            Some(value) => {
+                self.values[(bit & 63) as usize] = value;
+                self.values_known |= mask;
+            }
+            None => self.values_known &= !mask,
+        }
+    }
+
+    /// Records control `bit` (`None`: unknown).
+    pub fn set_control(&mut self, bit: u32, value: Option<u64>) {
+        let mask = 1u64 << (bit & 63);
+        match value {
+            Some(value) => {
+                self.controls[(bit & 63) as usize] = value;
+                self.controls_known |= mask;
+                if value == 0 {
+                    self.controls_zero |= mask;
+                } else {
+                    self.controls_zero &= !mask;
+                }
+            }
+            None => {
+                self.controls_known &= !mask;
+                self.controls_zero &= !mask;
+            }
         }
     }
 }
 
-/// Loads the counters of `set` from `ctx`: every value first (the hardware may hold another
-/// context's counts), then every non-zero control.
+/// What [`save`] does with the controls of the counters it saves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SaveControls {
+    /// Leave them programmed: the vendor has already stopped everything with its global
+    /// control (Intel v2+, AMD PerfMonV2). The counters are read; the controls are recorded
+    /// as the context's hardware images, which the hardware holds while a context is loaded.
+    Keep,
+    /// Clear them first, then read the counters (AMD without PerfMonV2: clearing a control is
+    /// what stops its counter). Only non-zero controls are written.
+    Clear,
+}
+
+/// Saves the counters of `set` from the hardware into `ctx`, recording in `record` the values
+/// read and the controls left on the hardware.
+pub fn save<C: CounterBanks + ?Sized, B: MsrBus>(
+    banks: &[BankMap],
+    ctx: &mut C,
+    set: CounterSet,
+    controls: SaveControls,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    match controls {
+        SaveControls::Keep => {
+            read_counters(banks, ctx, set, hw, record)?;
+            for (bank, map) in banks.iter().enumerate() {
+                let images = ctx.hardware_controls(bank);
+                match map.controls {
+                    Controls::PerCounter(_) => {
+                        for index in map.indices(set) {
+                            let image = images.get(index as usize).map_or(0, |&c| c);
+                            record.set_control(map.first_bit + index, Some(image));
+                        }
+                    }
+                    Controls::Shared(_) => {
+                        if map.indices(set).0 != 0 {
+                            let image = images.first().map_or(0, |&c| c);
+                            record.set_control(map.first_bit, Some(image));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        SaveControls::Clear => {
+            clear_controls(banks, ctx, set, hw, record)?;
+            read_counters(banks, ctx, set, hw, record)
+        }
+    }
+}
+
+/// Loads the counters of `set` from `ctx` onto hardware `record` describes, on which nothing
+/// counts (the global control is 0, or every control is): every value the hardware is not
+/// known to hold first, then every control that differs from the record — the context's
+/// image for the counters of `set`, 0 for every other counter of `present` whose control is
+/// not known to be 0 (a stale control of another context must never count when this one
+/// enables that counter globally). Afterwards the values of `set` are unknown (they move)
+/// and the controls known. The vendor writes its global control last.
 pub fn load<C: CounterBanks + ?Sized, B: MsrBus>(
     banks: &[BankMap],
     ctx: &C,
     set: CounterSet,
+    present: CounterSet,
     hw: &mut B,
+    record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
-    write_counters(banks, ctx, set, hw)?;
-    write_controls(banks, ctx, set, hw, true)
+    for (bank, map) in banks.iter().enumerate() {
+        let values = ctx.values(bank);
+        for index in map.indices(set) {
+            if let Some(&value) = values.get(index as usize) {
+                let bit = map.first_bit + index;
+                if !record.knows_value(bit, value) {
+                    record.set_value(bit, None);
+                    map.write_counter(hw, index, value)?;
+                }
+                record.set_value(bit, None);
+            }
+        }
+    }
+    for (bank, map) in banks.iter().enumerate() {
+        let images = ctx.hardware_controls(bank);
+        match map.controls {
+            Controls::PerCounter(series) => {
+                let stale = CounterSet(present.0 & !record.zero_controls().0);
+                for index in map.indices(set.union(stale)) {
+                    let bit = map.first_bit + index;
+                    let target = if set.contains(map.counter(index)) {
+                        images.get(index as usize).map_or(0, |&c| c)
+                    } else {
+                        0
+                    };
+                    if !record.knows_control(bit, target) {
+                        record.set_control(bit, None);
+                        hw.write(series.at(index), target)?;
+                        record.set_control(bit, Some(target));
+                    }
+                }
+            }
+            Controls::Shared(msr) => {
+                let target = if map.indices(set).0 != 0 {
+                    images.first().map_or(0, |&c| c)
+                } else {
+                    0
+                };
+                if !record.knows_control(map.first_bit, target) {
+                    record.set_control(map.first_bit, None);
+                    hw.write(msr, target)?;
+                    record.set_control(map.first_bit, Some(target));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes the saved values of the counters of `set` to the hardware, without their controls:
@@ -213,46 +404,49 @@ fn read_counters<C: CounterBanks + ?Sized, B: MsrBus>(
     ctx: &mut C,
     set: CounterSet,
     hw: &mut B,
+    record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
     for (bank, map) in banks.iter().enumerate() {
         for index in map.indices(set) {
             let value = map.read_counter(hw, index)?;
             if let Some(slot) = ctx.values_mut(bank).get_mut(index as usize) {
                 *slot = value;
+                record.set_value(map.first_bit + index, Some(value));
             }
         }
     }
     Ok(())
 }
 
-/// Writes the non-zero hardware controls of the counters of `set`: their values (`load`), or 0
-/// (`!load`, stopping them). A shared control is written once, if any counter of its bank is in
-/// `set`.
-fn write_controls<C: CounterBanks + ?Sized, B: MsrBus>(
+/// Writes 0 to the non-zero hardware controls of the counters of `set` (stopping them) and
+/// records them 0. A shared control is written once, if any counter of its bank is in `set`.
+fn clear_controls<C: CounterBanks + ?Sized, B: MsrBus>(
     banks: &[BankMap],
     ctx: &C,
     set: CounterSet,
     hw: &mut B,
-    load: bool,
+    record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
     for (bank, map) in banks.iter().enumerate() {
         let controls = ctx.hardware_controls(bank);
-        let mut write = |msr, control: u64| match control {
-            0 => Ok(()),
-            control => hw.write(msr, if load { control } else { 0 }),
+        let mut clear = |msr, bit, control: u64| {
+            if control != 0 {
+                record.set_control(bit, None);
+                hw.write(msr, 0)?;
+            }
+            record.set_control(bit, Some(0));
+            Ok(())
         };
         match map.controls {
             Controls::PerCounter(series) => {
                 for index in map.indices(set) {
-                    write(
-                        series.at(index),
-                        controls.get(index as usize).map_or(0, |&c| c),
-                    )?;
+                    let control = controls.get(index as usize).map_or(0, |&c| c);
+                    clear(series.at(index), map.first_bit + index, control)?;
                 }
             }
             Controls::Shared(msr) => {
                 if map.indices(set).0 != 0 {
-                    write(msr, controls.first().map_or(0, |&c| c))?;
+                    clear(msr, map.first_bit, controls.first().map_or(0, |&c| c))?;
                 }
             }
         }
@@ -393,10 +587,13 @@ mod tests {
     }
 
     #[test]
-    fn load_writes_values_then_non_zero_controls() {
+    fn load_writes_what_the_record_does_not_know() {
         let mut hw = Trace::default();
         let set = CounterSet(0b0011 | 1 << 33);
-        load(&BANKS, &ctx(), set, &mut hw).unwrap();
+        let present = CounterSet(0b1111 | 0b111 << 32);
+        let mut record = HwRecord::unknown();
+        record.controls_cleared();
+        load(&BANKS, &ctx(), set, present, &mut hw, &mut record).unwrap();
         assert_eq!(
             hw.log(),
             [
@@ -407,24 +604,82 @@ mod tests {
                 (true, 0x38d, 0xb0)
             ]
         );
+        // Saved and loaded again with nothing in between: the counters are read, nothing is
+        // written.
+        let mut c = ctx();
+        let mut hw = Trace::default();
+        save(
+            &BANKS,
+            &mut c,
+            set,
+            SaveControls::Keep,
+            &mut hw,
+            &mut record,
+        )
+        .unwrap();
+        assert!(hw.log().iter().all(|&(write, ..)| !write));
+        let mut hw = Trace::default();
+        load(&BANKS, &c, set, present, &mut hw, &mut record).unwrap();
+        assert_eq!(hw.log(), []);
+        // Another context on counter 2 only: its value and control, and the stale controls
+        // of counter 0 and of the fixed bank cleared.
+        let mut other = ctx();
+        other.gp_ctl = [0, 0, 0x13, 0];
+        let mut hw = Trace::default();
+        load(
+            &BANKS,
+            &other,
+            CounterSet::gp(2),
+            present,
+            &mut hw,
+            &mut record,
+        )
+        .unwrap();
+        assert_eq!(
+            hw.log(),
+            [
+                (true, 0x205, 3),
+                (true, 0x200, 0),
+                (true, 0x204, 0x13),
+                (true, 0x38d, 0)
+            ]
+        );
     }
 
     #[test]
-    fn save_orders_and_masks() {
+    fn save_keeps_or_clears_controls() {
         let set = CounterSet(0b0101);
         let read = |msr: u32| u64::from(msr) << 32 | 0xffff_ffff;
         let mut first = ctx();
         let mut hw = Trace::default();
-        save(&BANKS, &mut first, set, SaveOrder::CountersFirst, &mut hw).unwrap();
+        let mut record = HwRecord::unknown();
+        save(
+            &BANKS,
+            &mut first,
+            set,
+            SaveControls::Keep,
+            &mut hw,
+            &mut record,
+        )
+        .unwrap();
         let reads = [(false, 0x201, read(0x201)), (false, 0x205, read(0x205))];
         let clears = [(true, 0x200, 0), (true, 0x204, 0)];
-        assert_eq!(hw.log()[..2], reads);
-        assert_eq!(hw.log()[2..], clears);
+        assert_eq!(hw.log(), reads);
         assert_eq!(first.gp[2], read(0x205) & 0xffff_ffff_ffff);
+        assert!(record.knows_control(0, 0x11) && record.knows_value(2, first.gp[2]));
         let mut hw = Trace::default();
-        save(&BANKS, &mut ctx(), set, SaveOrder::ControlsFirst, &mut hw).unwrap();
+        save(
+            &BANKS,
+            &mut ctx(),
+            set,
+            SaveControls::Clear,
+            &mut hw,
+            &mut record,
+        )
+        .unwrap();
         assert_eq!(hw.log()[..2], clears);
         assert_eq!(hw.log()[2..], reads);
+        assert!(record.knows_control(0, 0) && record.knows_control(2, 0));
     }
 
     #[test]

@@ -228,7 +228,10 @@ impl<B: PmuBackend> Vpmu<B> {
         let _control = self.control.lock();
         let policy = self.policy();
         self.online.fetch_add(1, Ordering::AcqRel);
-        Ok(PcpuPmu::new(index, hw, policy))
+        let mut pcpu = PcpuPmu::new(index, hw, policy);
+        // `init_hardware` leaves every control 0 (its contract); nothing else is known.
+        pcpu.record.controls_cleared();
+        Ok(pcpu)
     }
 
     /// Takes physical CPU `pcpu` out of service (CPU offline, or the end of a VMM run): it

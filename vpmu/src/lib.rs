@@ -41,6 +41,7 @@ pub use backend::{
     AllowAll, BackendError, ContextError, CounterSet, EventFilter, GuestPolicy, Indices,
     MsrOutcome, Overflow, PmuBackend, PmuCapabilities, RawEvent, Vendor,
 };
+pub use bank::HwRecord;
 pub use filter::{EventList, EventMatch, FilterAction, ListFull};
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};
 pub use platform::{Diagnostic, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform, VcpuId};

@@ -397,8 +397,7 @@ impl<B: PmuBackend> Vpmu<B> {
                 let SystemContext::Cached { profiler, .. } = pcpu.system else {
                     return Err(OpError::InvalidArgument);
                 };
-                self.backend
-                    .load(&context, &mut pcpu.hw)
+                Self::load_on(&self.backend, &context, &mut pcpu.hw, &mut pcpu.record)
                     .map_err(|_| OpError::InvalidContext)?;
                 pcpu.system = SystemContext::Loaded {
                     ctx: context,

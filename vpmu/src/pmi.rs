@@ -81,7 +81,7 @@ impl<B: PmuBackend> Vpmu<B> {
             if vcpu.state != (VcpuState::Loaded { pcpu: here }) {
                 return;
             }
-            let mut bus = pcpu.counted();
+            let (mut bus, _) = pcpu.counted();
             let overflow = self.backend.handle_overflow(&mut vcpu.ctx, &mut bus);
             vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
             result = match overflow {
@@ -336,7 +336,7 @@ impl<B: PmuBackend> Vpmu<B> {
         else {
             return Ok(PmiOutcome::Spurious);
         };
-        self.backend.save(&mut ctx, &mut pcpu.hw)?;
+        Self::save_on(&self.backend, &mut ctx, &mut pcpu.hw, &mut pcpu.record)?;
         let backend = &self.backend;
         let written = platform.with_page(page.slot, |page| {
             backend.context_to_page(&ctx, &mut page.vendor);
@@ -344,7 +344,7 @@ impl<B: PmuBackend> Vpmu<B> {
         });
         if written.is_none() {
             // The page vanished under us: restart the counters and count the loss.
-            self.backend.load(&ctx, &mut pcpu.hw)?;
+            Self::load_on(&self.backend, &ctx, &mut pcpu.hw, &mut pcpu.record)?;
             pcpu.system = SystemContext::Loaded {
                 ctx,
                 profiler: owner,

@@ -173,9 +173,11 @@ impl<B: PmuBackend> Vpmu<B> {
         if let Some(vcpu) = current.as_deref_mut() {
             if vcpu.state == (VcpuState::Loaded { pcpu: here }) {
                 if crosses_all || !now.mode.switches_contexts() {
-                    // The new mode starts from clean PMUs (only privileged contexts can be
-                    // live across a change that needs no vPMU in use).
+                    // The new mode starts from PMUs where nothing counts (only privileged contexts can be
+                    // live across a change that needs no vPMU in use), and no control is left
+                    // programmed under rules that may no longer allow it.
                     self.save_vcpu(pcpu, vcpu)?;
+                    self.scrub(pcpu)?;
                 } else {
                     self.restrict_loaded(platform, now, pcpu, vcpu)?;
                 }
@@ -329,12 +331,12 @@ impl<B: PmuBackend> Vpmu<B> {
         };
         match core::mem::replace(&mut pcpu.system, SystemContext::Absent) {
             SystemContext::Absent => {
-                self.backend.load(&program, &mut pcpu.hw)?;
+                Self::load_on(&self.backend, &program, &mut pcpu.hw, &mut pcpu.record)?;
                 self.count_instance(profiler, true);
             }
             SystemContext::Loaded { mut ctx, .. } => {
-                self.backend.save(&mut ctx, &mut pcpu.hw)?;
-                self.backend.load(&program, &mut pcpu.hw)?;
+                Self::save_on(&self.backend, &mut ctx, &mut pcpu.hw, &mut pcpu.record)?;
+                Self::load_on(&self.backend, &program, &mut pcpu.hw, &mut pcpu.record)?;
             }
             cached @ SystemContext::Cached { .. } => {
                 // Its sample is the profiler's to flush; the flush brings the page's context.
@@ -362,7 +364,7 @@ impl<B: PmuBackend> Vpmu<B> {
         if !matches!(pcpu.system, SystemContext::Cached { .. }) {
             return Ok(());
         }
-        self.backend.load(&ctx, &mut pcpu.hw)?;
+        Self::load_on(&self.backend, &ctx, &mut pcpu.hw, &mut pcpu.record)?;
         pcpu.system = SystemContext::Loaded {
             ctx,
             profiler: profiler.id,

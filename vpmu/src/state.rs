@@ -2,6 +2,7 @@
 //! structures (the core allocates nothing).
 
 use crate::backend::Overflow;
+use crate::bank::HwRecord;
 use crate::core::{Mode, PolicySnapshot};
 use crate::msr::{CountingBus, MsrAccessStats, MsrBus};
 use crate::platform::{PageSlot, VcpuId};
@@ -223,6 +224,8 @@ pub enum SystemContext<C> {
 pub struct PcpuPmu<C, H> {
     pub(crate) index: u32,
     pub(crate) hw: H,
+    /// What `hw` is known to hold while no context is loaded on it (save and load keep it).
+    pub(crate) record: HwRecord,
     pub(crate) current: Option<VcpuId>,
     pub(crate) system: SystemContext<C>,
     /// The vCPU whose cached sample masked this pCPU's physical LVTPC, if any.
@@ -236,6 +239,7 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
         Self {
             index,
             hw,
+            record: HwRecord::unknown(),
             current: None,
             system: SystemContext::Absent,
             lvtpc_masked_for: None,
@@ -253,9 +257,21 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
         &self.hw
     }
 
-    /// The hardware, mutably (for feeding events to a software model).
+    /// The hardware, mutably (for feeding events to a software model). A caller that writes
+    /// PMU MSRs through it must call [`PcpuPmu::forget_hardware`] afterwards.
     pub fn hw_mut(&mut self) -> &mut H {
         &mut self.hw
+    }
+
+    /// Tells the core that someone else wrote this pCPU's PMU: the next load writes every
+    /// register it needs instead of only those it does not know the hardware holds.
+    pub fn forget_hardware(&mut self) {
+        self.record.forget();
+    }
+
+    /// What the core knows the hardware holds between contexts.
+    pub fn hw_record(&self) -> &HwRecord {
+        &self.record
     }
 
     /// The vCPU currently scheduled here.
@@ -279,7 +295,7 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
     }
 
     /// The hardware wrapped so that the accesses made through it can be charged to a vCPU.
-    pub(crate) fn counted(&mut self) -> CountingBus<&mut H> {
-        CountingBus::new(&mut self.hw)
+    pub(crate) fn counted(&mut self) -> (CountingBus<&mut H>, &mut HwRecord) {
+        (CountingBus::new(&mut self.hw), &mut self.record)
     }
 }

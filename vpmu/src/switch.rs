@@ -3,13 +3,28 @@
 //!
 //! Nothing is done for a vCPU that never used the PMU, when a vCPU is switched to itself, or in
 //! all mode (the profiler's counters run system-wide). Otherwise the previous vCPU's context is
-//! saved (leaving the hardware clean) and the next one's loaded if it has anything enabled.
+//! saved and the next one's loaded if it has anything enabled.
+//!
+//! Invariant between contexts: **nothing counts** — the global control is 0 on PMUs that have
+//! one (Intel v2+, AMD PerfMonV2), whose controls stay programmed; every control of the saved
+//! context is 0 on PMUs without one (AMD before PerfMonV2) — and no overflow status is left.
+//! Each pCPU's [`HwRecord`](crate::bank::HwRecord) says what its hardware then holds (the
+//! values read at the save, the controls left): a load writes only the values and controls it
+//! does not know the hardware holds, clears the controls another context left on counters it
+//! does not use, and writes the global control last if it differs. A vCPU switched out and back
+//! in with nothing in between costs *k* + 3 accesses for *k* counters on a PMU with a global
+//! control. Every hardware write the record does not see makes it forget (`attach_pcpu` records
+//! the controls `init_hardware` cleared; a faulting save or load forgets everything; a caller
+//! that writes PMU MSRs through `PcpuPmu::hw_mut` calls `PcpuPmu::forget_hardware`). While a
+//! context is loaded the record is not consulted: the context's hardware images are what the
+//! hardware holds (guest writes go through), and the next save records from them.
 //! Contexts are never left on a pCPU after their vCPU leaves it: Xen's lazy cross-CPU residency
 //! (removed in 2022, commit defa4e51d2) needed IPIs and raced with migration.
 
 use crate::backend::{Overflow, PmuBackend};
+use crate::bank::HwRecord;
 use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
-use crate::msr::MsrBus;
+use crate::msr::{MsrBus, MsrFault};
 use vpmu_abi::Regs;
 
 use crate::platform::{Diagnostic, Interrupted, Platform, VcpuId};
@@ -94,8 +109,8 @@ impl<B: PmuBackend> Vpmu<B> {
             }
             _ => return Ok(Overflow::default()),
         }
-        let mut bus = pcpu.counted();
-        let result = self.backend.save(&mut vcpu.ctx, &mut bus);
+        let (mut bus, record) = pcpu.counted();
+        let result = Self::save_on(&self.backend, &mut vcpu.ctx, &mut bus, record);
         vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
         let overflow = result?;
         vcpu.stats.saves += 1;
@@ -133,8 +148,8 @@ impl<B: PmuBackend> Vpmu<B> {
         if pcpu.lvtpc_masked_for == Some(vcpu.id) {
             self.unmask_physical_lvtpc(platform, pcpu);
         }
-        let mut bus = pcpu.counted();
-        let result = self.backend.load(&vcpu.ctx, &mut bus);
+        let (mut bus, record) = pcpu.counted();
+        let result = Self::load_on(&self.backend, &vcpu.ctx, &mut bus, record);
         vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
         result?;
         vcpu.stats.loads += 1;
@@ -221,6 +236,9 @@ impl<B: PmuBackend> Vpmu<B> {
         self.save_vcpu(pcpu, vcpu)?;
         self.settle(platform, policy, vcpu);
         self.load_if_active(platform, policy, pcpu, vcpu)?;
+        if vcpu.state != (VcpuState::Loaded { pcpu: pcpu.index }) {
+            self.scrub(pcpu)?;
+        }
         // The vCPU keeps running here: an overflow in flight that the save found is its now,
         // not at its next switch-in (which may be far off).
         self.deliver_pending(platform, pcpu, vcpu)
@@ -391,7 +409,7 @@ impl<B: PmuBackend> Vpmu<B> {
         }
     }
 
-    /// Stops and discards `pcpu`'s system-wide context (leaving its hardware clean), and
+    /// Stops and discards `pcpu`'s system-wide context (leaving nothing counting), and
     /// releases its physical LVTPC if a sample of that context was cached.
     pub(crate) fn drop_system_context<P: Platform, H: MsrBus>(
         &self,
@@ -401,9 +419,50 @@ impl<B: PmuBackend> Vpmu<B> {
         if let SystemContext::Loaded { mut ctx, .. } =
             core::mem::replace(&mut pcpu.system, SystemContext::Absent)
         {
-            self.backend.save(&mut ctx, &mut pcpu.hw)?;
+            Self::save_on(&self.backend, &mut ctx, &mut pcpu.hw, &mut pcpu.record)?;
         }
         self.unmask_physical_lvtpc(platform, pcpu);
         Ok(())
+    }
+
+    /// Clears every control a saved context left programmed on `pcpu` (nothing counts there
+    /// anyway, the global control being 0): after a policy change that leaves a context off
+    /// the hardware, so that what is on the hardware passes the rules in force. Loading a
+    /// reset context, which has nothing in use, does exactly that and starts nothing.
+    pub(crate) fn scrub<H: MsrBus>(
+        &self,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+    ) -> Result<(), CoreError> {
+        let empty = self.backend.new_context();
+        Self::load_on(&self.backend, &empty, &mut pcpu.hw, &mut pcpu.record)?;
+        Ok(())
+    }
+
+    /// `backend.save` with the pCPU's record; a fault leaves the record knowing nothing.
+    pub(crate) fn save_on<H: MsrBus>(
+        backend: &B,
+        ctx: &mut B::Context,
+        hw: &mut H,
+        record: &mut HwRecord,
+    ) -> Result<Overflow, MsrFault> {
+        let result = backend.save(ctx, hw, record);
+        if result.is_err() {
+            record.forget();
+        }
+        result
+    }
+
+    /// `backend.load` with the pCPU's record; a fault leaves the record knowing nothing.
+    pub(crate) fn load_on<H: MsrBus>(
+        backend: &B,
+        ctx: &B::Context,
+        hw: &mut H,
+        record: &mut HwRecord,
+    ) -> Result<(), MsrFault> {
+        let result = backend.load(ctx, hw, record);
+        if result.is_err() {
+            record.forget();
+        }
+        result
     }
 }

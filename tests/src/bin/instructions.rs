@@ -156,8 +156,8 @@ where
         V::raw(&model.0)
     }
 
-    fn is_clean(model: &Self::Model) -> bool {
-        V::is_clean(&model.0)
+    fn nothing_can_count(model: &Self::Model) -> bool {
+        V::nothing_can_count(&model.0)
     }
 
     fn driver(&self) -> Driver {

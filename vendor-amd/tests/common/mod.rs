@@ -1,7 +1,9 @@
 //! A vCPU harness: the AMD backend with the software model as its hardware.
 #![allow(dead_code)]
 
-use vpmu::{CountingBus, GuestPolicy, Msr, MsrAccessStats, MsrOutcome, Overflow, PmuBackend};
+use vpmu::{
+    CountingBus, GuestPolicy, HwRecord, Msr, MsrAccessStats, MsrOutcome, Overflow, PmuBackend,
+};
 use vpmu_amd::{AmdCaps, AmdContext, AmdPmu, PmuShape};
 use vpmu_models::amd::AmdPmuModel;
 use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
@@ -80,6 +82,8 @@ pub struct Vcpu {
     pub hw: AmdPmuModel,
     pub policy: GuestPolicy<'static>,
     pub loaded: bool,
+    /// What the model CPU holds between contexts, as the core keeps it for a pCPU.
+    pub record: HwRecord,
 }
 
 impl Vcpu {
@@ -93,14 +97,17 @@ impl Vcpu {
         let backend = AmdPmu::new(pmu).expect("backend");
         let mut hw = AmdPmuModel::new(pmu);
         backend.clean_hardware(&mut hw).expect("clean");
+        let mut record = HwRecord::unknown();
+        record.controls_cleared();
         let ctx = backend.new_context();
-        backend.load(&ctx, &mut hw).expect("load");
+        backend.load(&ctx, &mut hw, &mut record).expect("load");
         Self {
             backend,
             ctx,
             hw,
             policy,
             loaded: true,
+            record,
         }
     }
 
@@ -142,7 +149,9 @@ impl Vcpu {
     pub fn save(&mut self) -> MsrAccessStats {
         assert!(self.loaded);
         let mut bus = CountingBus::new(&mut self.hw);
-        self.backend.save(&mut self.ctx, &mut bus).expect("save");
+        self.backend
+            .save(&mut self.ctx, &mut bus, &mut self.record)
+            .expect("save");
         self.loaded = false;
         bus.stats()
     }
@@ -152,7 +161,7 @@ impl Vcpu {
         assert!(self.loaded);
         let overflow = self
             .backend
-            .save(&mut self.ctx, &mut self.hw)
+            .save(&mut self.ctx, &mut self.hw, &mut self.record)
             .expect("save");
         self.loaded = false;
         overflow
@@ -161,14 +170,23 @@ impl Vcpu {
     pub fn load(&mut self) -> MsrAccessStats {
         assert!(!self.loaded);
         let mut bus = CountingBus::new(&mut self.hw);
-        self.backend.load(&self.ctx, &mut bus).expect("load");
+        self.backend
+            .load(&self.ctx, &mut bus, &mut self.record)
+            .expect("load");
         self.loaded = true;
         bus.stats()
     }
 
-    /// Whether the model is in the clean state `save` must leave.
-    pub fn hardware_is_clean(&self) -> bool {
+    /// Whether nothing can count on the model, the state `save` must leave: with PerfMonV2
+    /// GlobalCtl 0 (the controls may stay programmed), before it every EN clear; and no
+    /// status bit left.
+    pub fn nothing_can_count(&self) -> bool {
         let regs = self.hw.registers();
-        regs.controls.iter().all(|&c| c == 0) && regs.global_ctl == 0 && regs.global_status == 0
+        let stopped = if self.backend.caps().has_perfmon_v2() {
+            regs.global_ctl == 0
+        } else {
+            regs.controls.iter().all(|&c| c & EN == 0)
+        };
+        stopped && regs.global_status == 0
     }
 }

@@ -35,10 +35,10 @@ impl<V: SimVendor> Runner<'_, V> {
         }
         self.drain();
         let system = !matches!(self.pcpu.system(), SystemContext::Absent);
-        let clean = V::is_clean(self.pcpu.hw().model());
+        let clean = V::nothing_can_count(self.pcpu.hw().model());
         if self.pcpu.current().is_some() || system || !clean {
             self.find(
-                "idle pCPU not clean at the end",
+                "something can count on an idle pCPU at the end",
                 format!(
                     "current {:?}, system context {system}, hardware clean {clean}: {:?}",
                     self.pcpu.current(),
@@ -73,9 +73,9 @@ impl<V: SimVendor> Runner<'_, V> {
         let hw = vpmu
             .detach_pcpu(&mut platform, pcpu, table)
             .expect("detach");
-        if left != 0 || !V::is_clean(hw.model()) {
+        if left != 0 || !V::nothing_can_count(hw.model()) {
             shared.finding(
-                "pCPU not clean at detach",
+                "something can count on a pCPU at detach",
                 format!(
                     "seed {:#x}: pCPU {here}: {left} requests left, hardware {:?}",
                     shared.seed,

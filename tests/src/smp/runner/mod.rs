@@ -337,9 +337,9 @@ impl<'a, V: SimVendor> Runner<'a, V> {
         let loaded = self.pcpu.current().is_some_and(|id| {
             self.table.lock(id).pmu.state() == (VcpuState::Loaded { pcpu: self.here })
         });
-        if !loaded && !V::is_clean(self.pcpu.hw().model()) {
+        if !loaded && !V::nothing_can_count(self.pcpu.hw().model()) {
             self.find(
-                "hardware not clean with nothing loaded",
+                "something can count with nothing loaded",
                 format!(
                     "current {:?}: {:?}",
                     self.pcpu.current(),
