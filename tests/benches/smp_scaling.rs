@@ -6,7 +6,9 @@
 //! * `1 pCPU`: one thread;
 //! * `2 pCPUs`: two threads, each locking only its own vCPU (the core's intended use);
 //! * `2 pCPUs, one global lock`: two threads that take one shared mutex around every call,
-//!   as an integrator of the single-lock core had to.
+//!   as an integrator of the single-lock core had to;
+//! * `1 thread` / `2 threads, model only`: the same accesses straight on each thread's own
+//!   model, no core: what two threads of this work scale to on this machine at best.
 //!
 //! Criterion reports each as time per element (one intercept); throughput(2) / throughput(1)
 //! is the scaling. Both vendors' v2-style PMUs.
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use vpmu::abi::XENPMU_MODE_SELF;
-use vpmu::{Mode, Msr, MsrOutcome, VcpuId, Vpmu};
+use vpmu::{Mode, Msr, MsrBus, MsrOutcome, VcpuId, Vpmu};
 use vpmu_sim::machine::Ctx;
 use vpmu_sim::{SimVendor, amd_v2, intel_v5};
 use vpmu_tests::smp::rng::Rng;
@@ -56,6 +58,9 @@ enum Locking {
     PerVcpu,
     /// Every call also holds one lock shared by all threads.
     Global,
+    /// No core at all: each thread writes and reads its own model's counter directly. The
+    /// machine's own ceiling for two threads of this shape of work, measured beside the rest.
+    ModelOnly,
 }
 
 /// Runs `threads` pCPU threads doing `pairs` WRMSR+RDMSR pairs each; returns the wall time of
@@ -67,6 +72,9 @@ where
     V::Model: Send,
     Ctx<V>: Send,
 {
+    if locking == Locking::ModelOnly {
+        return run_model_only(vendor, regs, threads, pairs);
+    }
     let vpmu = Vpmu::new(vendor.backend(), Mode::SelfProfiling, threads);
     assert_eq!(vpmu.mode().to_abi(), XENPMU_MODE_SELF);
     let shared = Shared::new(threads, &[1, threads], 0, true);
@@ -125,6 +133,40 @@ where
     })
 }
 
+/// `threads` threads each doing `pairs` WRMSR+RDMSR pairs straight on a model of its own.
+fn run_model_only<V>(vendor: &V, regs: &Registers, threads: u32, pairs: u64) -> Duration
+where
+    V: SimVendor + Sync,
+    V::Model: Send,
+{
+    let start = Barrier::new(threads as usize);
+    thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let start = &start;
+                scope.spawn(move || {
+                    let mut model = Padded(vendor.model());
+                    start.wait();
+                    let begin = Instant::now();
+                    for i in 0..pairs {
+                        model
+                            .0
+                            .write(Msr(regs.counter), black_box(i & 0xffff))
+                            .expect("the model never faults");
+                        black_box(model.0.read(Msr(regs.counter))).expect("the model never faults");
+                    }
+                    begin.elapsed()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .max()
+            .unwrap_or_default()
+    })
+}
+
 fn bench_vendor<V>(c: &mut Criterion, name: &str, vendor: V, regs: &Registers)
 where
     V: SimVendor + Sync,
@@ -137,6 +179,8 @@ where
         ("1 pCPU", 1, Locking::PerVcpu),
         ("2 pCPUs", 2, Locking::PerVcpu),
         ("2 pCPUs, one global lock", 2, Locking::Global),
+        ("1 thread, model only (no core)", 1, Locking::ModelOnly),
+        ("2 threads, model only (no core)", 2, Locking::ModelOnly),
     ] {
         // One element = one intercepted access, on whichever thread.
         group.throughput(Throughput::Elements(2 * u64::from(threads)));
