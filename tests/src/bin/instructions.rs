@@ -304,10 +304,7 @@ where
             let setup = sampling(0, PERIOD);
             m.program(A, &[setup]);
             let pmi = |m: &mut Machine<Excluded<V>>| {
-                m.pcpus[0]
-                    .hw_mut()
-                    .count(HwEvent::Instructions, PERIOD, KERNEL);
-                if !m.pcpus[0].hw_mut().take_pmi() {
+                if !overflow_and_raise(m) {
                     return None;
                 }
                 m.platform.calling_pcpu = Some(0);
@@ -349,10 +346,7 @@ where
             m.schedule(0, Some(A));
             m.platform.interrupted[0] = interrupted_guest(A);
             let cycle = |m: &mut Machine<Excluded<V>>| -> Option<(u64, u64)> {
-                m.pcpus[0]
-                    .hw_mut()
-                    .count(HwEvent::Instructions, PERIOD, KERNEL);
-                if !m.pcpus[0].hw_mut().take_pmi() {
+                if !overflow_and_raise(m) {
                     return None;
                 }
                 m.platform.calling_pcpu = Some(0);
@@ -407,6 +401,17 @@ where
             })
         }
     }
+}
+
+/// pCPU 0's counter 0 runs `PERIOD` kernel instructions to its overflow; whether the model
+/// raised the PMI line (taken here, as the interrupt arriving).
+fn overflow_and_raise<V: SimVendor>(m: &mut Machine<Excluded<V>>) -> bool
+where
+    V::Model: Clone,
+{
+    let model = m.pcpus[0].hw_mut();
+    model.count(HwEvent::Instructions, PERIOD, KERNEL);
+    model.take_pmi()
 }
 
 /// `vcpu` interrupted in kernel code (what the simulator's retire loop records).
