@@ -174,6 +174,24 @@ fn vpmu_bench_measured<R>(operation: impl FnOnce() -> R) -> R {
     result
 }
 
+/// Which run of a scenario's operation this is: only the second is measured (the first brings
+/// the caches of the core's own state, such as the per-pCPU hardware record, to steady state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    WarmUp,
+    Measured,
+}
+
+impl Pass {
+    /// Runs `operation`, inside `vpmu_bench_measured` only on the measured pass.
+    fn run<R>(self, operation: impl FnOnce() -> R) -> R {
+        match self {
+            Pass::WarmUp => std::hint::black_box(operation()),
+            Pass::Measured => vpmu_bench_measured(operation),
+        }
+    }
+}
+
 /// The profiling domain's vCPU, a guest vCPU, and a vCPU that never uses the PMU.
 const P: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };
@@ -241,13 +259,13 @@ where
             m.program(A, &[counting(0, 0)]);
             let counter = driver.read_counter(0);
             let (msr, value) = driver.write_counter(0, 0x1234);
-            let once = |m: &mut Machine<Excluded<V>>| {
+            let once = |m: &mut Machine<Excluded<V>>, pass: Pass| {
                 m.platform.calling_pcpu = Some(0);
                 let cell = &m.vcpus.domains[1][0];
                 let (vpmu, platform, pcpu) = (&m.vpmu, &mut m.platform, &mut m.pcpus[0]);
                 let mut vcpu = cell.borrow_mut();
                 let mark = Mark::take(pcpu.hw());
-                let ok = vpmu_bench_measured(|| match scenario {
+                let ok = pass.run(|| match scenario {
                     Scenario::Wrmsr => vpmu
                         .wrmsr(platform, pcpu, &mut vcpu, Msr(msr), value)
                         .is_ok(),
@@ -255,8 +273,9 @@ where
                 });
                 ok.then(|| mark.since(pcpu.hw()))
             };
-            once(&mut m).ok_or("warm-up intercept failed")?;
-            let (msr_accesses, allocations) = once(&mut m).ok_or("intercept failed")?;
+            once(&mut m, Pass::WarmUp).ok_or("warm-up intercept failed")?;
+            let (msr_accesses, allocations) =
+                once(&mut m, Pass::Measured).ok_or("intercept failed")?;
             Ok(Measured {
                 msr_accesses,
                 allocations,
@@ -275,21 +294,22 @@ where
             }
             let setups: Vec<_> = counters.iter().map(|&c| counting(c, 0)).collect();
             m.program(A, &setups);
-            let pair = |m: &mut Machine<Excluded<V>>| {
+            let pair = |m: &mut Machine<Excluded<V>>, pass: Pass| {
                 // Let A's counters move, so that a save has something new to read.
                 m.pcpus[0].hw_mut().count(HwEvent::Instructions, 10, KERNEL);
                 m.platform.calling_pcpu = Some(0);
                 let (vpmu, platform, pcpu, vcpus) =
                     (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
                 let mark = Mark::take(pcpu.hw());
-                let ok = vpmu_bench_measured(|| {
+                let ok = pass.run(|| {
                     vpmu.context_switch(platform, pcpu, vcpus, Some(B)).is_ok()
                         && vpmu.context_switch(platform, pcpu, vcpus, Some(A)).is_ok()
                 });
                 ok.then(|| mark.since(pcpu.hw()))
             };
-            pair(&mut m).ok_or("warm-up switch failed")?;
-            let (msr_accesses, allocations) = pair(&mut m).ok_or("switch failed")?;
+            pair(&mut m, Pass::WarmUp).ok_or("warm-up switch failed")?;
+            let (msr_accesses, allocations) =
+                pair(&mut m, Pass::Measured).ok_or("switch failed")?;
             Ok(Measured {
                 msr_accesses,
                 allocations,
@@ -303,7 +323,7 @@ where
             m.platform.interrupted[0] = interrupted_guest(A);
             let setup = sampling(0, PERIOD);
             m.program(A, &[setup]);
-            let pmi = |m: &mut Machine<Excluded<V>>| {
+            let pmi = |m: &mut Machine<Excluded<V>>, pass: Pass| {
                 if !overflow_and_raise(m) {
                     return None;
                 }
@@ -311,7 +331,7 @@ where
                 let (vpmu, platform, pcpu, vcpus) =
                     (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
                 let mark = Mark::take(pcpu.hw());
-                let outcome = vpmu_bench_measured(|| vpmu.handle_pmi(platform, pcpu, vcpus));
+                let outcome = pass.run(|| vpmu.handle_pmi(platform, pcpu, vcpus));
                 let cost = mark.since(pcpu.hw());
                 m.platform.calling_pcpu = None;
                 if !matches!(outcome, Ok(PmiOutcome::Delivered { to: A, .. })) {
@@ -326,9 +346,9 @@ where
                 m.platform.lvtpc_deliveries.clear();
                 Some(cost)
             };
-            pmi(&mut m).ok_or("warm-up PMI was not delivered through the LVTPC")?;
+            pmi(&mut m, Pass::WarmUp).ok_or("warm-up PMI was not delivered through the LVTPC")?;
             let (msr_accesses, allocations) =
-                pmi(&mut m).ok_or("the PMI was not delivered through the LVTPC")?;
+                pmi(&mut m, Pass::Measured).ok_or("the PMI was not delivered through the LVTPC")?;
             Ok(Measured {
                 msr_accesses,
                 allocations,
@@ -345,7 +365,7 @@ where
             m.program(P, &[setup]);
             m.schedule(0, Some(A));
             m.platform.interrupted[0] = interrupted_guest(A);
-            let cycle = |m: &mut Machine<Excluded<V>>| -> Option<(u64, u64)> {
+            let cycle = |m: &mut Machine<Excluded<V>>, pass: Pass| -> Option<(u64, u64)> {
                 if !overflow_and_raise(m) {
                     return None;
                 }
@@ -354,7 +374,7 @@ where
                     (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
                 let mark = Mark::take(pcpu.hw());
                 let outcome = if scenario == Scenario::PmiSample {
-                    vpmu_bench_measured(|| vpmu.handle_pmi(platform, pcpu, vcpus))
+                    pass.run(|| vpmu.handle_pmi(platform, pcpu, vcpus))
                 } else {
                     vpmu.handle_pmi(platform, pcpu, vcpus)
                 };
@@ -382,7 +402,7 @@ where
                 };
                 let mark = Mark::take(pcpu.hw());
                 let flushed = if scenario == Scenario::Flush {
-                    vpmu_bench_measured(|| flush(pcpu))
+                    pass.run(|| flush(pcpu))
                 } else {
                     flush(pcpu)
                 };
@@ -392,8 +412,9 @@ where
                 m.platform.calling_pcpu = None;
                 flushed.ok().map(|_| cost)
             };
-            cycle(&mut m).ok_or("warm-up sample or flush failed")?;
-            let (msr_accesses, allocations) = cycle(&mut m).ok_or("sample or flush failed")?;
+            cycle(&mut m, Pass::WarmUp).ok_or("warm-up sample or flush failed")?;
+            let (msr_accesses, allocations) =
+                cycle(&mut m, Pass::Measured).ok_or("sample or flush failed")?;
             Ok(Measured {
                 msr_accesses,
                 allocations,
