@@ -268,6 +268,14 @@ impl<V: SimVendor> Machine<V> {
         })
     }
 
+    /// A guest RDPMC by `vcpu` (on the pCPU it runs on) with ECX = `selector`, at `cpl` with
+    /// CR4.PCE = `pce`.
+    pub fn rdpmc(&mut self, vcpu: VcpuId, selector: u32, cpl: u8, pce: bool) -> MsrOutcome<u64> {
+        self.intercept(vcpu, |vpmu, platform, pcpu, v| {
+            vpmu.rdpmc(platform, pcpu, v, selector, cpl, pce)
+        })
+    }
+
     /// A guest WRMSR by `vcpu` (on the pCPU it runs on).
     pub fn wrmsr(&mut self, vcpu: VcpuId, msr: u32, value: u64) -> MsrOutcome<()> {
         self.intercept(vcpu, |vpmu, platform, pcpu, v| {

@@ -235,6 +235,14 @@ impl PmuBackend for AmdPmu {
         !ctx.in_use.is_empty()
     }
 
+    /// RDPMC ECX 0..n reads core counter n: the K7 PERF_CTRs, or with PerfCtrExtCore the
+    /// interleaved core counters (APM vol. 3, RDPMC). The northbridge and L2I/L3 counters
+    /// (ECX 6..15) are not modelled, and ECX bits 31:30 are not an index: all of them #GP,
+    /// as RDPMC of an unimplemented counter does.
+    fn rdpmc_counter(&self, selector: u32) -> Option<Msr> {
+        (selector < self.caps.gp_counters()).then(|| self.caps.counter_msr(selector))
+    }
+
     fn guest_read<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,

@@ -94,6 +94,10 @@ impl PmuBackend for IntelPmu {
         self.read_register(ctx, hw, msr)
     }
 
+    fn rdpmc_counter(&self, selector: u32) -> Option<Msr> {
+        crate::msrs::rdpmc_counter(selector)
+    }
+
     fn guest_write<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,

@@ -34,6 +34,27 @@ pub const IA32_A_PMC0: u32 = 0x4c1;
 /// IA32_DS_AREA.
 pub const IA32_DS_AREA: u32 = 0x600;
 
+/// RDPMC: ECX bits 31:16 select the type of counter, bits 15:0 its index within the type.
+pub const RDPMC_TYPE_SHIFT: u32 = 16;
+/// RDPMC type 0: the general-purpose counters.
+pub const RDPMC_TYPE_GP: u32 = 0;
+/// RDPMC type with ECX bit 30: the fixed-function counters. Every other type (bit 31, the
+/// "fast read" of processors before the architectural PMU, bit 29 for PERF_METRICS) names
+/// nothing here and raises #GP, as in Linux KVM's `intel_rdpmc_ecx_to_pmc`.
+pub const RDPMC_TYPE_FIXED: u32 = 1 << 14;
+
+/// The counter MSR a guest RDPMC with ECX = `selector` reads: the IA32_PMCx alias (its reads
+/// return the full width) or IA32_FIXED_CTRx; `None` for any other type or an index beyond
+/// the architectural banks. Whether the counter is present is the read's to check.
+pub fn rdpmc_counter(selector: u32) -> Option<Msr> {
+    let index = selector & 0xffff;
+    match selector >> RDPMC_TYPE_SHIFT {
+        RDPMC_TYPE_GP if index < 8 => Some(legacy_counter(index)),
+        RDPMC_TYPE_FIXED if index < 4 => Some(fixed_counter(index)),
+        _ => None,
+    }
+}
+
 /// PERFEVTSELx.USR: count at CPL > 0.
 pub const EVTSEL_USR: u64 = 1 << 16;
 /// PERFEVTSELx.OS: count at CPL 0.
@@ -285,5 +306,25 @@ mod tests {
                 alias: CounterAlias::FullWidth
             })
         );
+    }
+
+    #[test]
+    fn rdpmc_selectors() {
+        assert_eq!(rdpmc_counter(0), Some(Msr(IA32_PMC0)));
+        assert_eq!(rdpmc_counter(7), Some(Msr(IA32_PMC0 + 7)));
+        assert_eq!(rdpmc_counter(8), None);
+        assert_eq!(rdpmc_counter(1 << 30), Some(Msr(IA32_FIXED_CTR0)));
+        assert_eq!(rdpmc_counter((1 << 30) | 3), Some(Msr(IA32_FIXED_CTR0 + 3)));
+        assert_eq!(rdpmc_counter((1 << 30) | 4), None);
+        // The fast-read flag, the metrics type and any other type name nothing.
+        for selector in [
+            1 << 31,
+            (1 << 31) | (1 << 30),
+            1 << 29,
+            1 << 16,
+            0xffff_ffff,
+        ] {
+            assert_eq!(rdpmc_counter(selector), None, "{selector:#x}");
+        }
     }
 }

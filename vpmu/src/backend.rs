@@ -329,6 +329,12 @@ pub trait PmuBackend {
         msr: Msr,
     ) -> Result<MsrOutcome<u64>, MsrFault>;
 
+    /// The counter MSR whose value a guest RDPMC with ECX = `selector` returns, in the
+    /// vendor's RDPMC numbering; `None` when the selector names no counter of this PMU (the
+    /// RDPMC then raises #GP). The value is read as a guest RDMSR of that MSR reads it: RDPMC
+    /// and RDMSR of a counter return the same bits on both vendors.
+    fn rdpmc_counter(&self, selector: u32) -> Option<Msr>;
+
     /// Validates and emulates a guest WRMSR. Illegal values give `GeneralProtection` and change
     /// nothing. `hw` as for `guest_read`: a loaded context is updated on the hardware too.
     fn guest_write<B: MsrBus>(

@@ -41,6 +41,36 @@ impl<B: PmuBackend> Vpmu<B> {
         Ok(outcome)
     }
 
+    /// A guest RDPMC by `vcpu`, which runs on `pcpu` (the caller's own pCPU), with
+    /// ECX = `selector`, executed at privilege level `cpl` with CR4.PCE = `cr4_pce`.
+    ///
+    /// `Handled(value)`: the caller sets EDX:EAX to the value's high and low halves (the high
+    /// halves of RDX and RAX cleared) and moves RIP past the instruction. `GeneralProtection`:
+    /// the caller injects #GP(0), as the processor does for RDPMC at CPL > 0 without CR4.PCE,
+    /// for a selector that names no counter, or for a counter this vCPU cannot see (no vPMU
+    /// in its domain, or a counter the enumeration does not have). Never `NotPmu`.
+    pub fn rdpmc<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+        selector: u32,
+        cpl: u8,
+        cr4_pce: bool,
+    ) -> Result<MsrOutcome<u64>, CoreError> {
+        let counter = self.backend.rdpmc_counter(selector);
+        let Some(msr) = counter.filter(|_| cpl == 0 || cr4_pce) else {
+            vcpu.stats.gp_faults += 1;
+            return Ok(MsrOutcome::GeneralProtection);
+        };
+        vcpu.stats.rdpmcs += 1;
+        Ok(match self.rdmsr(platform, pcpu, vcpu, msr)? {
+            // A backend's own counter MSR is always its own; answer as hardware would if not.
+            MsrOutcome::NotPmu => MsrOutcome::GeneralProtection,
+            outcome => outcome,
+        })
+    }
+
     /// A guest WRMSR by `vcpu`, which runs on `pcpu` (the caller's own pCPU).
     pub fn wrmsr<P: Platform, H: MsrBus>(
         &self,

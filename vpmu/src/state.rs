@@ -65,6 +65,8 @@ pub struct VcpuStats {
     pub msr_reads: u64,
     /// Intercepted guest WRMSRs of PMU registers.
     pub msr_writes: u64,
+    /// Guest RDPMCs performed for the guest (each also counted as the RDMSR it reads).
+    pub rdpmcs: u64,
     /// Intercepted accesses answered with #GP.
     pub gp_faults: u64,
     /// Times the context was loaded onto hardware.
