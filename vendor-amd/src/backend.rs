@@ -293,9 +293,7 @@ impl PmuBackend for AmdPmu {
         let mask = self.caps.counter_mask();
         match register {
             Register::Counter(index) => {
-                let Ok(value) = policy::counter(value) else {
-                    return Ok(MsrOutcome::GeneralProtection);
-                };
+                let value = policy::counter(value);
                 if let Some(hw) = hw {
                     if ctx.in_use.contains(CounterSet::gp(index)) {
                         self.bank().write_counter(hw, index, value)?;

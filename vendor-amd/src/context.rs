@@ -141,7 +141,7 @@ impl AmdContext {
                 value,
             };
             let raw = banks.counter(area, i).map_err(|_| refused("counter", 0))?;
-            let value = policy::counter(raw).map_err(|_| refused("counter", raw))?;
+            let value = policy::page_counter(raw).map_err(|_| refused("counter", raw))?;
             ctx.set_counter(i, value);
             let raw = banks.ctrl(area, i).map_err(|_| refused("ctrl", 0))?;
             let control = if saved.guest_ctl.get(i) == Some(&raw) {

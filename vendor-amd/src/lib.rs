@@ -51,8 +51,11 @@
 //! writing `~status` (every bit set), so any value is accepted and only the counter bits act.
 //! Clearing can only drop the guest's own status.
 //!
-//! Counter writes above 48 bits fault too; KVM masks them, the hardware ignores them. Linux
-//! masks its period to the counter width, so only a confused guest is affected.
+//! Counter writes are the exception the other way: the bits above the 48 counter bits are
+//! dropped, not refused, because the hardware and KVM drop them and guests depend on it
+//! (kvm-unit-tests x86/pmu writes `-1` and `1 - count` as 64-bit values). Nothing above bit 47
+//! has a meaning that could be enabled by accident. A shared page's counters are still checked
+//! strictly: the hypervisor writes only 48-bit values there.
 //!
 //! **Host-only / Guest-only (bits 41/40).** A guest may not count while the hypervisor runs.
 //! Unless the policy allows host counting ([`vpmu::GuestPolicy::may_count_host`], the

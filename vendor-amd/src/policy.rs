@@ -25,10 +25,16 @@ pub struct Control {
     pub hardware: u64,
 }
 
-/// PERF_CTRn: the 48 counter bits only. KVM and AMD hardware silently drop the bits above;
-/// Linux never sets them (it masks `-left` to the counter width), so a guest that does is
-/// confused and finds out at once.
-pub fn counter(value: u64) -> Result<u64, Refused> {
+/// PERF_CTRn as a guest WRMSR sets it: the low 48 counter bits are kept and the bits above
+/// dropped, as AMD hardware and Linux KVM (`amd_pmu_set_msr` through `pmc_write_counter`) do.
+/// Guests rely on it: kvm-unit-tests x86/pmu writes `-1` and `1 - count` as full 64-bit values.
+pub fn counter(value: u64) -> u64 {
+    value & COUNTER_MASK
+}
+
+/// PERF_CTRn as a shared page carries it: the hypervisor only ever writes 48-bit values there,
+/// so bits above them are corruption of the page, refused rather than silently dropped.
+pub fn page_counter(value: u64) -> Result<u64, Refused> {
     if value & !COUNTER_MASK != 0 {
         return Err(Refused);
     }
@@ -149,11 +155,19 @@ mod tests {
     const INSTRUCTIONS: u64 = ctl::EN | ctl::OS | ctl::USR | 0xc0;
 
     #[test]
-    fn counters_hold_48_bits() {
-        assert_eq!(counter(0xffff_ffff_ffff), Ok(0xffff_ffff_ffff));
-        assert_eq!(counter(0), Ok(0));
-        assert_eq!(counter(1 << 48), Err(Refused));
-        assert_eq!(counter(u64::MAX), Err(Refused));
+    fn counter_writes_keep_48_bits() {
+        assert_eq!(counter(0xffff_ffff_ffff), 0xffff_ffff_ffff);
+        assert_eq!(counter(0), 0);
+        assert_eq!(counter(1 << 48), 0);
+        assert_eq!(counter(u64::MAX), 0xffff_ffff_ffff);
+        assert_eq!(counter(1u64.wrapping_sub(10_000)), (1 << 48) - 9_999);
+    }
+
+    #[test]
+    fn page_counters_hold_48_bits() {
+        assert_eq!(page_counter(0xffff_ffff_ffff), Ok(0xffff_ffff_ffff));
+        assert_eq!(page_counter(1 << 48), Err(Refused));
+        assert_eq!(page_counter(u64::MAX), Err(Refused));
     }
 
     #[test]

@@ -157,7 +157,7 @@ fn counter_preset_to_minus_n_overflows_after_exactly_n_events() {
         for i in 0..pmu(shape).gp_counters() {
             for n in [1u64, 2, 1000, 1 << 40] {
                 let mut vcpu = Vcpu::new(shape);
-                vcpu.set(ctr_msr(shape, i), n.wrapping_neg() & MASK48);
+                vcpu.set(ctr_msr(shape, i), n.wrapping_neg()); // -n as a 64-bit value
                 vcpu.set(ctl_msr(shape, i), EN | OS | USR | INT | INSTRUCTIONS);
                 vcpu.run(HwEvent::Instructions, n - 1, KERNEL);
                 assert_eq!(
@@ -198,7 +198,7 @@ fn kvm_unit_tests_counter_overflow() {
         }
         for i in 0..pmu(shape).gp_counters() {
             let int = if i % 2 == 1 { INT } else { 0 };
-            vcpu.set(ctr_msr(shape, i), 1u64.wrapping_sub(count) & MASK48);
+            vcpu.set(ctr_msr(shape, i), 1u64.wrapping_sub(count));
             vcpu.set(ctl_msr(shape, i), EN | OS | USR | int | INSTRUCTIONS);
             vcpu.run(HwEvent::Instructions, count, KERNEL);
             vcpu.set(ctl_msr(shape, i), 0);
@@ -221,21 +221,26 @@ fn kvm_unit_tests_counter_overflow() {
 }
 
 #[test]
-fn counter_writes_above_48_bits_fault_in_the_backend_but_truncate_on_the_model() {
-    let mut vcpu = Vcpu::new(PmuShape::PerfCtrExtCore);
-    vcpu.set(ext_ctr(0), 0xff01_2345_6789); // kvm-unit-tests check_rdpmc value
-    assert_eq!(vcpu.value(ext_ctr(0)), 0xff01_2345_6789);
-    vcpu.set(ext_ctr(1), 0xdead); // pmu_counters_test round trip
-    assert_eq!(vcpu.value(ext_ctr(1)), 0xdead);
-    let writes = vcpu.hw.access_stats().writes;
-    assert_eq!(vcpu.write(ext_ctr(0), 0xffff_ff01_2345_6789), GP);
-    assert_eq!(vcpu.write(ext_ctr(0), 1 << 48), GP);
-    assert_eq!(vcpu.value(ext_ctr(0)), 0xff01_2345_6789, "unchanged");
-    assert_eq!(vcpu.hw.access_stats().writes, writes);
-
-    let mut hw = AmdPmuModel::new(pmu(PmuShape::PerfCtrExtCore));
-    hw.write(Msr(ext_ctr(0)), 0xffff_ff01_2345_6789).unwrap();
-    assert_eq!(hw.read(Msr(ext_ctr(0))), Ok(0xff01_2345_6789));
+fn counter_writes_keep_the_low_48_bits_like_the_hardware() {
+    for shape in SHAPES {
+        for i in 0..pmu(shape).gp_counters() {
+            let ctr = ctr_msr(shape, i);
+            for (written, kept) in [
+                (0xff01_2345_6789, 0xff01_2345_6789), // kvm-unit-tests check_rdpmc value
+                (0xffff_ff01_2345_6789, 0xff01_2345_6789),
+                (1 << 48, 0),
+                (u64::MAX, MASK48),
+                (1u64.wrapping_sub(10_000), MASK48 - 9_998),
+            ] {
+                let mut vcpu = Vcpu::new(shape);
+                vcpu.set(ctr, written);
+                assert_eq!(vcpu.value(ctr), kept, "{shape:?} ctr {i} <- {written:#x}");
+                let mut hw = AmdPmuModel::new(pmu(shape));
+                hw.write(Msr(ctr), written).unwrap();
+                assert_eq!(hw.read(Msr(ctr)), Ok(kept), "the model as the hardware");
+            }
+        }
+    }
 }
 
 #[test]
@@ -522,7 +527,7 @@ fn writes_to_a_running_counter() {
     let status = vcpu.value(GLOBAL_STATUS);
     vcpu.set(GLOBAL_STATUS_CLR, status);
     vcpu.set(ext_ctl(0), EN | OS | USR | INSTRUCTIONS);
-    vcpu.set(ext_ctr(0), MASK48); // -1 masked to the width
+    vcpu.set(ext_ctr(0), u64::MAX); // -1, kept as its low 48 bits
     vcpu.run(HwEvent::Instructions, 10, KERNEL);
     vcpu.set(ext_ctl(0), 0);
     assert_eq!(vcpu.value(GLOBAL_STATUS) & 1, 1);
