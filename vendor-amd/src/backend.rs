@@ -212,6 +212,8 @@ impl AmdPmu {
 
 impl PmuBackend for AmdPmu {
     type Context = AmdContext;
+    /// The decoded register, or `Absent` for an MSR of the architecture this PMU lacks.
+    type Register = Lookup;
 
     fn capabilities(&self) -> &PmuCapabilities {
         &self.capabilities
@@ -219,6 +221,13 @@ impl PmuBackend for AmdPmu {
 
     fn msr_ranges(&self) -> &'static [(u32, u32)] {
         MSR_RANGES
+    }
+
+    fn classify(&self, msr: Msr) -> Option<Lookup> {
+        match self.caps.lookup(msr) {
+            Lookup::NotPmu => None,
+            found => Some(found),
+        }
     }
 
     fn new_context(&self) -> AmdContext {
@@ -243,16 +252,14 @@ impl PmuBackend for AmdPmu {
         (selector < self.caps.gp_counters()).then(|| self.caps.counter_msr(selector))
     }
 
-    fn guest_read<B: MsrBus>(
+    fn read_register<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
         hw: Option<&mut B>,
-        msr: Msr,
+        register: Lookup,
     ) -> Result<MsrOutcome<u64>, MsrFault> {
-        let register = match self.caps.lookup(msr) {
-            Lookup::NotPmu => return Ok(MsrOutcome::NotPmu),
-            Lookup::Absent => return Ok(MsrOutcome::GeneralProtection),
-            Lookup::Present(register) => register,
+        let Lookup::Present(register) = register else {
+            return Ok(MsrOutcome::GeneralProtection);
         };
         let value = match register {
             Register::Control(index) => ctx.control(index),
@@ -277,18 +284,16 @@ impl PmuBackend for AmdPmu {
         Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
     }
 
-    fn guest_write<B: MsrBus>(
+    fn write_register<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
         hw: Option<&mut B>,
         guest_policy: &GuestPolicy<'_>,
-        msr: Msr,
+        register: Lookup,
         value: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
-        let register = match self.caps.lookup(msr) {
-            Lookup::NotPmu => return Ok(MsrOutcome::NotPmu),
-            Lookup::Absent => return Ok(MsrOutcome::GeneralProtection),
-            Lookup::Present(register) => register,
+        let Lookup::Present(register) = register else {
+            return Ok(MsrOutcome::GeneralProtection);
         };
         let mask = self.caps.counter_mask();
         match register {

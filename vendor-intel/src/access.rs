@@ -20,15 +20,12 @@ use crate::msrs::{
 const GP: MsrOutcome<()> = MsrOutcome::GeneralProtection;
 
 impl IntelPmu {
-    pub(crate) fn read_register<B: MsrBus>(
+    pub(crate) fn emulate_read<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
         hw: Option<&mut B>,
-        msr: Msr,
+        register: IntelMsr,
     ) -> Result<MsrOutcome<u64>, MsrFault> {
-        let Some(register) = IntelMsr::classify(msr) else {
-            return Ok(MsrOutcome::NotPmu);
-        };
         if !register.is_present(&self.caps) {
             return Ok(MsrOutcome::GeneralProtection);
         }
@@ -67,17 +64,14 @@ impl IntelPmu {
         Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
     }
 
-    pub(crate) fn write_register<B: MsrBus>(
+    pub(crate) fn emulate_write<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
         hw: Option<&mut B>,
         policy: &GuestPolicy<'_>,
-        msr: Msr,
+        register: IntelMsr,
         value: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
-        let Some(register) = IntelMsr::classify(msr) else {
-            return Ok(MsrOutcome::NotPmu);
-        };
         if !register.is_present(&self.caps) {
             return Ok(GP);
         }

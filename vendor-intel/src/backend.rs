@@ -12,6 +12,7 @@ use vpmu::{
 
 use crate::caps::{EnumerationError, IntelCaps};
 use crate::context::IntelContext;
+use crate::msrs::IntelMsr;
 use crate::msrs::MSR_RANGES;
 use crate::policy::GuestRules;
 
@@ -64,6 +65,7 @@ impl IntelPmu {
 
 impl PmuBackend for IntelPmu {
     type Context = IntelContext;
+    type Register = IntelMsr;
 
     fn capabilities(&self) -> &PmuCapabilities {
         &self.capabilities
@@ -71,6 +73,10 @@ impl PmuBackend for IntelPmu {
 
     fn msr_ranges(&self) -> &'static [(u32, u32)] {
         MSR_RANGES
+    }
+
+    fn classify(&self, msr: Msr) -> Option<IntelMsr> {
+        IntelMsr::classify(msr)
     }
 
     fn new_context(&self) -> IntelContext {
@@ -85,28 +91,28 @@ impl PmuBackend for IntelPmu {
         ctx.counts_anything() || ctx.ds_area != 0
     }
 
-    fn guest_read<B: MsrBus>(
-        &self,
-        ctx: &mut IntelContext,
-        hw: Option<&mut B>,
-        msr: Msr,
-    ) -> Result<MsrOutcome<u64>, MsrFault> {
-        self.read_register(ctx, hw, msr)
-    }
-
     fn rdpmc_counter(&self, selector: u32) -> Option<Msr> {
         crate::msrs::rdpmc_counter(selector)
     }
 
-    fn guest_write<B: MsrBus>(
+    fn read_register<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        register: IntelMsr,
+    ) -> Result<MsrOutcome<u64>, MsrFault> {
+        self.emulate_read(ctx, hw, register)
+    }
+
+    fn write_register<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
         hw: Option<&mut B>,
         policy: &GuestPolicy<'_>,
-        msr: Msr,
+        register: IntelMsr,
         value: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
-        self.write_register(ctx, hw, policy, msr, value)
+        self.emulate_write(ctx, hw, policy, register, value)
     }
 
     fn save<B: MsrBus>(

@@ -300,11 +300,19 @@ pub trait PmuBackend {
     /// absent ones fault instead of being answered by someone else.
     fn msr_ranges(&self) -> &'static [(u32, u32)];
 
+    /// A register of this vendor's PMU MSR map, as [`PmuBackend::classify`] decodes an MSR
+    /// number: the one decode of an intercepted access, shared by the core's check that the
+    /// access is the vPMU's and the backend's emulation of it.
+    type Register: Copy + core::fmt::Debug + PartialEq;
+
+    /// Decodes `msr`: `None` when it is none of this vendor's PMU MSRs. A register of the
+    /// architecture that the enumerated PMU lacks still decodes (its accesses #GP), so that
+    /// nobody else answers for it. Exactly the MSRs of [`PmuBackend::msr_ranges`] decode.
+    fn classify(&self, msr: Msr) -> Option<Self::Register>;
+
     /// Whether `msr` belongs to this vendor's PMU (present or not).
     fn owns(&self, msr: Msr) -> bool {
-        self.msr_ranges()
-            .iter()
-            .any(|&(first, last)| (first..=last).contains(&msr.0))
+        self.classify(msr).is_some()
     }
 
     /// A context in the state the PMU has after reset.
@@ -320,14 +328,27 @@ pub trait PmuBackend {
     /// active need not be loaded or saved at all.
     fn is_active(&self, ctx: &Self::Context) -> bool;
 
-    /// Emulates a guest RDMSR. `hw` is the bus when the context is loaded on this CPU (live
-    /// counter values are then read from it); `None` when it is saved.
-    fn guest_read<B: MsrBus>(
+    /// Emulates a guest RDMSR of `register`. `hw` is the bus when the context is loaded on
+    /// this CPU (live counter values are then read from it); `None` when it is saved. Never
+    /// `NotPmu`: the register is this backend's.
+    fn read_register<B: MsrBus>(
         &self,
         ctx: &mut Self::Context,
         hw: Option<&mut B>,
-        msr: Msr,
+        register: Self::Register,
     ) -> Result<MsrOutcome<u64>, MsrFault>;
+
+    /// Validates and emulates a guest WRMSR of `register`. Illegal values give
+    /// `GeneralProtection` and change nothing. `hw` as for `read_register`: a loaded context
+    /// is updated on the hardware too. Never `NotPmu`.
+    fn write_register<B: MsrBus>(
+        &self,
+        ctx: &mut Self::Context,
+        hw: Option<&mut B>,
+        policy: &GuestPolicy<'_>,
+        register: Self::Register,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault>;
 
     /// The counter MSR whose value a guest RDPMC with ECX = `selector` returns, in the
     /// vendor's RDPMC numbering; `None` when the selector names no counter of this PMU (the
@@ -335,8 +356,22 @@ pub trait PmuBackend {
     /// and RDMSR of a counter return the same bits on both vendors.
     fn rdpmc_counter(&self, selector: u32) -> Option<Msr>;
 
-    /// Validates and emulates a guest WRMSR. Illegal values give `GeneralProtection` and change
-    /// nothing. `hw` as for `guest_read`: a loaded context is updated on the hardware too.
+    /// A guest RDMSR of MSR number `msr`: [`PmuBackend::classify`], then
+    /// [`PmuBackend::read_register`]; `NotPmu` if the MSR is not this backend's.
+    fn guest_read<B: MsrBus>(
+        &self,
+        ctx: &mut Self::Context,
+        hw: Option<&mut B>,
+        msr: Msr,
+    ) -> Result<MsrOutcome<u64>, MsrFault> {
+        match self.classify(msr) {
+            Some(register) => self.read_register(ctx, hw, register),
+            None => Ok(MsrOutcome::NotPmu),
+        }
+    }
+
+    /// A guest WRMSR of MSR number `msr`: [`PmuBackend::classify`], then
+    /// [`PmuBackend::write_register`]; `NotPmu` if the MSR is not this backend's.
     fn guest_write<B: MsrBus>(
         &self,
         ctx: &mut Self::Context,
@@ -344,7 +379,12 @@ pub trait PmuBackend {
         policy: &GuestPolicy<'_>,
         msr: Msr,
         value: u64,
-    ) -> Result<MsrOutcome<()>, MsrFault>;
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        match self.classify(msr) {
+            Some(register) => self.write_register(ctx, hw, policy, register, value),
+            None => Ok(MsrOutcome::NotPmu),
+        }
+    }
 
     /// Stops the context's counters on the hardware and reads their state back into `ctx`,
     /// leaving a hardware on which nothing counts for the next owner: the global control 0

@@ -11,6 +11,15 @@ use crate::platform::Platform;
 use crate::request::CrossCpuRequest;
 use crate::state::{PcpuPmu, SystemContext, VcpuPmu, VcpuState};
 
+/// One decoded guest WRMSR: the register the backend decoded, the MSR number (requests to
+/// other pCPUs carry it), the value.
+#[derive(Clone, Copy, Debug)]
+struct GuestWrite<R> {
+    register: R,
+    msr: Msr,
+    value: u64,
+}
+
 impl<B: PmuBackend> Vpmu<B> {
     /// A guest RDMSR by `vcpu`, which runs on `pcpu` (the caller's own pCPU).
     pub fn rdmsr<P: Platform, H: MsrBus>(
@@ -20,20 +29,21 @@ impl<B: PmuBackend> Vpmu<B> {
         vcpu: &mut VcpuPmu<B::Context>,
         msr: Msr,
     ) -> Result<MsrOutcome<u64>, CoreError> {
-        if !self.backend.owns(msr) {
+        // The one decode of the access: the backend emulates the register it names.
+        let Some(register) = self.backend.classify(msr) else {
             return Ok(MsrOutcome::NotPmu);
-        }
+        };
         let policy = self.enter(platform, pcpu, vcpu)?;
         vcpu.stats.msr_reads += 1;
         let privileged = platform.privileged_domain();
         let outcome = if !self.has_vpmu(policy, privileged, vcpu.id) {
             MsrOutcome::GeneralProtection
         } else if policy.mode == Mode::All {
-            self.system_read(platform, pcpu, vcpu, msr)?
+            self.system_read(platform, pcpu, vcpu, register)?
         } else {
             let hw =
                 (vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index })).then_some(&mut pcpu.hw);
-            self.backend.guest_read(&mut vcpu.ctx, hw, msr)?
+            self.backend.read_register(&mut vcpu.ctx, hw, register)?
         };
         if outcome == MsrOutcome::GeneralProtection {
             vcpu.stats.gp_faults += 1;
@@ -80,32 +90,55 @@ impl<B: PmuBackend> Vpmu<B> {
         msr: Msr,
         value: u64,
     ) -> Result<MsrOutcome<()>, CoreError> {
-        if !self.backend.owns(msr) {
+        let Some(register) = self.backend.classify(msr) else {
             return Ok(MsrOutcome::NotPmu);
-        }
-        let privileged = platform.privileged_domain();
-        let was_in_use = vcpu.in_use();
-        // A first use waits for a change checking that none exists, then sees its policy.
-        let claimed = !was_in_use && vcpu.id.domain != privileged;
-        if claimed {
-            self.claim_use();
-        }
-        let outcome = self.write_claimed(platform, pcpu, vcpu, msr, value);
-        self.settle_use(privileged, vcpu, was_in_use, claimed);
-        let outcome = outcome?;
+        };
+        let write = GuestWrite {
+            register,
+            msr,
+            value,
+        };
+        let outcome = if vcpu.in_use() {
+            // No write makes a vCPU unused again: nothing to account.
+            self.write_claimed(platform, pcpu, vcpu, write)?
+        } else {
+            self.first_use_write(platform, pcpu, vcpu, write)?
+        };
         if outcome == MsrOutcome::GeneralProtection {
             vcpu.stats.gp_faults += 1;
         }
         Ok(outcome)
     }
 
+    /// A WRMSR by a vCPU that does not use its vPMU yet: an unprivileged one counts as in use
+    /// from before the write (a first use waits for a change checking that none exists, then
+    /// sees its policy) and is accounted by what the write made of it.
+    #[cold]
+    #[inline(never)]
+    fn first_use_write<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+        write: GuestWrite<B::Register>,
+    ) -> Result<MsrOutcome<()>, CoreError> {
+        let privileged = platform.privileged_domain();
+        let claimed = vcpu.id.domain != privileged;
+        if claimed {
+            self.claim_use();
+        }
+        let outcome = self.write_claimed(platform, pcpu, vcpu, write);
+        self.settle_use(privileged, vcpu, false, claimed);
+        outcome
+    }
+
+    #[inline(always)]
     fn write_claimed<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
-        msr: Msr,
-        value: u64,
+        write: GuestWrite<B::Register>,
     ) -> Result<MsrOutcome<()>, CoreError> {
         let policy = self.enter(platform, pcpu, vcpu)?;
         vcpu.stats.msr_writes += 1;
@@ -119,14 +152,14 @@ impl<B: PmuBackend> Vpmu<B> {
             return Ok(MsrOutcome::GeneralProtection);
         }
         if policy.mode == Mode::All {
-            return self.system_write(platform, policy, pcpu, vcpu, msr, value);
+            return self.system_write(platform, policy, pcpu, vcpu, write);
         }
         let guest = self.guest_policy(policy, platform, vcpu.id.domain);
         let loaded = vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index });
         let hw = loaded.then_some(&mut pcpu.hw);
-        let outcome = self
-            .backend
-            .guest_write(&mut vcpu.ctx, hw, &guest, msr, value)?;
+        let outcome =
+            self.backend
+                .write_register(&mut vcpu.ctx, hw, &guest, write.register, write.value)?;
         if outcome == MsrOutcome::Handled(()) {
             if vcpu.state == VcpuState::Allocated {
                 vcpu.state = VcpuState::Saved;
@@ -139,8 +172,27 @@ impl<B: PmuBackend> Vpmu<B> {
     }
 
     /// The common start of an intercept: the pCPU caught up with the policy, the vCPU checked
-    /// to run here and brought in line with it.
+    /// to run here and brought in line with it. The usual case (nothing changed since both
+    /// last looked, the vCPU not loaded elsewhere) is one atomic load and three compares.
+    #[inline(always)]
     fn enter<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<PolicySnapshot, CoreError> {
+        let policy = self.policy();
+        let elsewhere =
+            matches!(vcpu.state, VcpuState::Loaded { pcpu: other } if other != pcpu.index);
+        if pcpu.seen.epoch == policy.epoch && vcpu.validated == policy.epoch && !elsewhere {
+            return Ok(policy);
+        }
+        self.enter_changed(platform, pcpu, vcpu)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn enter_changed<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
         pcpu: &mut PcpuPmu<B::Context, H>,
@@ -180,16 +232,18 @@ impl<B: PmuBackend> Vpmu<B> {
         platform: &P,
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
-        msr: Msr,
+        register: B::Register,
     ) -> Result<MsrOutcome<u64>, CoreError> {
         // The instance of this pCPU if the vCPU profiles it (live values), else its program.
         if Self::profiles(platform, pcpu, vcpu) {
             match &mut pcpu.system {
                 SystemContext::Loaded { ctx, .. } => {
-                    return Ok(self.backend.guest_read(ctx, Some(&mut pcpu.hw), msr)?);
+                    return Ok(self
+                        .backend
+                        .read_register(ctx, Some(&mut pcpu.hw), register)?);
                 }
                 SystemContext::Cached { ctx, .. } => {
-                    return Ok(self.backend.guest_read(ctx, None::<&mut H>, msr)?);
+                    return Ok(self.backend.read_register(ctx, None::<&mut H>, register)?);
                 }
                 SystemContext::Absent => {}
             }
@@ -197,7 +251,9 @@ impl<B: PmuBackend> Vpmu<B> {
         let program = vcpu
             .program
             .get_or_insert_with(|| self.backend.new_context());
-        Ok(self.backend.guest_read(program, None::<&mut H>, msr)?)
+        Ok(self
+            .backend
+            .read_register(program, None::<&mut H>, register)?)
     }
 
     fn system_write<P: Platform, H: MsrBus>(
@@ -206,17 +262,20 @@ impl<B: PmuBackend> Vpmu<B> {
         policy: PolicySnapshot,
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
-        msr: Msr,
-        value: u64,
+        write: GuestWrite<B::Register>,
     ) -> Result<MsrOutcome<()>, CoreError> {
         let guest = self.guest_policy(policy, platform, vcpu.id.domain);
         // The program is validated first: one verdict for every instance.
         let program = vcpu
             .program
             .get_or_insert_with(|| self.backend.new_context());
-        let outcome = self
-            .backend
-            .guest_write(program, None::<&mut H>, &guest, msr, value)?;
+        let outcome = self.backend.write_register(
+            program,
+            None::<&mut H>,
+            &guest,
+            write.register,
+            write.value,
+        )?;
         if outcome != MsrOutcome::Handled(()) {
             return Ok(outcome);
         }
@@ -225,14 +284,14 @@ impl<B: PmuBackend> Vpmu<B> {
         }
         let here = pcpu.index;
         if Self::profiles(platform, pcpu, vcpu) {
-            self.write_system_instance(platform, pcpu, vcpu, msr, value)?;
+            self.write_system_instance(platform, pcpu, vcpu, write.msr, write.value)?;
         }
         for other in self.profiled_pcpus(platform, vcpu.id.vcpu) {
             if other != here {
                 let request = CrossCpuRequest::SystemWrite {
                     profiler: vcpu.id,
-                    msr,
-                    value,
+                    msr: write.msr,
+                    value: write.value,
                 };
                 platform.send_request(other, request);
             }

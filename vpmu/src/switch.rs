@@ -127,6 +127,7 @@ impl<B: PmuBackend> Vpmu<B> {
 
     /// Loads `vcpu`'s context onto `pcpu`, where it runs, if it is saved, the mode switches
     /// contexts and it has anything to run.
+    #[inline(always)]
     pub(crate) fn load_if_active<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
@@ -137,6 +138,17 @@ impl<B: PmuBackend> Vpmu<B> {
         if vcpu.state != VcpuState::Saved || vcpu.running_on != Some(pcpu.index) {
             return Ok(());
         }
+        self.load_saved_if_active(platform, policy, pcpu, vcpu)
+    }
+
+    #[inline(never)]
+    fn load_saved_if_active<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
         if !self.available || !policy.mode.switches_contexts() {
             return Ok(());
         }

@@ -88,9 +88,11 @@ fn trace(what: &str, msr: Msr, value: &Result<u64, MsrFault>) {
 impl<M: MsrBus> MsrBus for ExcludedBus<M> {
     fn read(&mut self, msr: Msr) -> Result<u64, MsrFault> {
         if MEASURING.load(Ordering::Relaxed) {
-            let value = vpmu_bench_excluded(|| self.0.read(msr));
-            trace("RDMSR", msr, &value);
-            value
+            vpmu_bench_excluded(|| {
+                let value = self.0.read(msr);
+                trace("RDMSR", msr, &value);
+                value
+            })
         } else {
             self.0.read(msr)
         }
@@ -98,8 +100,10 @@ impl<M: MsrBus> MsrBus for ExcludedBus<M> {
 
     fn write(&mut self, msr: Msr, value: u64) -> Result<(), MsrFault> {
         if MEASURING.load(Ordering::Relaxed) {
-            trace("WRMSR", msr, &Ok(value));
-            vpmu_bench_excluded(|| self.0.write(msr, value))
+            vpmu_bench_excluded(|| {
+                trace("WRMSR", msr, &Ok(value));
+                self.0.write(msr, value)
+            })
         } else {
             self.0.write(msr, value)
         }
@@ -219,7 +223,18 @@ enum Scenario {
     PmiSample,
     /// P flushes the sample (its counter re-armed and acknowledged in the page).
     Flush,
+    /// Calibration: nothing but the measuring harness itself (subtracted from every row).
+    CalibrateEmpty,
+    /// Calibration: one RDMSR through the excluded bus and nothing else; what it costs above
+    /// `CalibrateEmpty` is the bus wrapper's share, subtracted per MSR access.
+    CalibrateAccess,
 }
+
+/// The calibration runs, not rows of the table.
+const CALIBRATIONS: [(&str, Scenario); 2] = [
+    ("calibrate-empty", Scenario::CalibrateEmpty),
+    ("calibrate-access", Scenario::CalibrateAccess),
+];
 
 const SCENARIOS: [(&str, Scenario); 8] = [
     ("wrmsr", Scenario::Wrmsr),
@@ -253,6 +268,26 @@ where
     let excluded = Excluded(vendor);
     let driver = excluded.driver();
     match scenario {
+        Scenario::CalibrateEmpty | Scenario::CalibrateAccess => {
+            let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
+            let counter = Msr(driver.read_counter(0));
+            let mut once = |pass: Pass| {
+                let hw = m.pcpus[0].hw_mut();
+                let mark = Mark::take(&*hw);
+                let read = pass.run(|| match scenario {
+                    Scenario::CalibrateAccess => hw.read(counter).is_ok(),
+                    _ => true,
+                });
+                read.then(|| mark.since(&*hw))
+            };
+            once(Pass::WarmUp).ok_or("warm-up calibration failed")?;
+            let (msr_accesses, allocations) = once(Pass::Measured).ok_or("calibration failed")?;
+            Ok(Measured {
+                msr_accesses,
+                allocations,
+                counters_used: 0,
+            })
+        }
         Scenario::Wrmsr | Scenario::Rdmsr => {
             let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
             m.schedule(0, Some(A));
@@ -478,6 +513,7 @@ fn alloc_count() -> u64 {
 fn run(vendor: &str, scenario: &str) -> Result<Measured, String> {
     let scenario = SCENARIOS
         .iter()
+        .chain(&CALIBRATIONS)
         .find(|(name, _)| *name == scenario)
         .map(|&(_, s)| s)
         .ok_or_else(|| format!("no scenario {scenario:?} (instructions list)"))?;
@@ -506,7 +542,8 @@ fn geometry(vendor: &str) -> Geometry {
 /// here), as docs and the README derive them.
 fn minimum(scenario: Scenario, k: u32) -> u32 {
     match scenario {
-        Scenario::Wrmsr | Scenario::Rdmsr => 1,
+        Scenario::Wrmsr | Scenario::Rdmsr | Scenario::CalibrateAccess => 1,
+        Scenario::CalibrateEmpty => 0,
         // Stop (global control), overflow status, read each used counter; re-enable.
         Scenario::SwitchPair(_) => k + 3,
         // Read the overflow status, acknowledge it.
@@ -525,7 +562,8 @@ fn xen(vendor: &str, scenario: Scenario) -> String {
     let g = geometry(vendor);
     let intel = vendor.starts_with("intel");
     let n = match scenario {
-        Scenario::Wrmsr | Scenario::Rdmsr => 1,
+        Scenario::Wrmsr | Scenario::Rdmsr | Scenario::CalibrateAccess => 1,
+        Scenario::CalibrateEmpty => 0,
         // Intel: save reads F fixed + A (counter, event select) pairs; load writes them and
         // FIXED_CTR_CTRL (GLOBAL_CTRL travels in the VMCS). AMD: save stops every control and
         // reads every counter; load writes every counter and control.
@@ -590,19 +628,40 @@ fn field(report: &str, name: &str) -> Option<u64> {
         .find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
 }
 
+/// What the harness costs around a measured operation on `vendor`'s model: (fixed cost of
+/// `vpmu_bench_measured`, cost per MSR access of the excluded bus's wrapper). Both are
+/// measured, not assumed, and subtracted from every row.
+fn calibration(vendor: &str) -> Result<(u64, u64), String> {
+    let (empty, _) = callgrind(vendor, "calibrate-empty")?;
+    let (access, report) = callgrind(vendor, "calibrate-access")?;
+    if field(&report, "msr_accesses") != Some(1) {
+        return Err(format!(
+            "{vendor}: the access calibration made no single access"
+        ));
+    }
+    Ok((empty, access.saturating_sub(empty)))
+}
+
 fn table() -> Result<String, String> {
     let mut out = String::new();
+    let mut harness = Vec::new();
+    for vendor in VENDORS {
+        harness.push(calibration(vendor)?);
+    }
     let _ = writeln!(
         out,
         "| scenario | vendor | core instructions | MSR accesses | must-change minimum | Xen | heap allocations |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for (name, scenario) in SCENARIOS {
-        for vendor in VENDORS {
-            let (instructions, report) = callgrind(vendor, name)?;
+        for (vendor, &(fixed, per_access)) in VENDORS.iter().zip(&harness) {
+            let (total, report) = callgrind(vendor, name)?;
             let accesses = field(&report, "msr_accesses").ok_or("no msr_accesses")?;
             let allocations = field(&report, "allocations").ok_or("no allocations")?;
             let k = field(&report, "counters").ok_or("no counters")? as u32;
+            let instructions = total
+                .checked_sub(fixed + accesses * per_access)
+                .ok_or_else(|| format!("{vendor} {name}: {total} is below the harness's cost"))?;
             let _ = writeln!(
                 out,
                 "| {name} | {vendor} | {instructions} | {accesses} | {} | {} | {allocations} |",
@@ -611,6 +670,16 @@ fn table() -> Result<String, String> {
             );
         }
     }
+    let _ = writeln!(
+        out,
+        "\nHarness subtracted (measured): {}.",
+        VENDORS
+            .iter()
+            .zip(&harness)
+            .map(|(v, (fixed, per))| format!("{v} {fixed} per operation + {per} per MSR access"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
     Ok(out)
 }
 
