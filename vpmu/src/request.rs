@@ -134,6 +134,7 @@ impl<B: PmuBackend> Vpmu<B> {
 
     /// Brings `pcpu` in line with the newest policy, with `current` the vCPU running there
     /// (if the caller has it at hand; else the table is used).
+    #[inline(always)]
     pub(crate) fn catch_up_with_table<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
         &self,
         platform: &mut P,
@@ -143,6 +144,17 @@ impl<B: PmuBackend> Vpmu<B> {
         if pcpu.seen.epoch == self.policy().epoch {
             return Ok(());
         }
+        self.catch_up_changed(platform, pcpu, vcpus)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn catch_up_changed<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpus: &T,
+    ) -> Result<(), CoreError> {
         let mut result = Ok(());
         let found = match pcpu.current {
             Some(id) => vcpus.with_vcpu(id, &mut |v| {

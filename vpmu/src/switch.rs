@@ -172,15 +172,26 @@ impl<B: PmuBackend> Vpmu<B> {
     /// Brings a vCPU that is not on hardware in line with `policy`: a saved context validated
     /// under an older epoch is restricted to the rules in force; a cached window the mode no
     /// longer has (a sample of the other kind than the mode makes) is released.
+    #[inline(always)]
     pub(crate) fn settle<P: Platform>(
         &self,
         platform: &mut P,
         policy: PolicySnapshot,
         vcpu: &mut VcpuPmu<B::Context>,
     ) {
-        if vcpu.validated == policy.epoch {
-            return;
+        if vcpu.validated != policy.epoch {
+            self.settle_changed(platform, policy, vcpu);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_changed<P: Platform>(
+        &self,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) {
         if let VcpuState::Loaded { .. } = vcpu.state {
             // Restricted by its pCPU's catch-up, which owns the hardware.
             return;
@@ -257,15 +268,27 @@ impl<B: PmuBackend> Vpmu<B> {
     }
 
     /// Delivers an overflow kept pending at a save, now that `vcpu` runs on `pcpu`.
+    #[inline(always)]
     pub(crate) fn deliver_pending<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) -> Result<(), CoreError> {
-        if vcpu.running_on != Some(pcpu.index) {
+        if vcpu.pending_pmi.is_none() || vcpu.running_on != Some(pcpu.index) {
             return Ok(());
         }
+        self.deliver_kept_pmi(platform, pcpu, vcpu)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn deliver_kept_pmi<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
         let Some(overflow) = vcpu.pending_pmi.take() else {
             return Ok(());
         };
