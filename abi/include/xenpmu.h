@@ -217,9 +217,10 @@
 /**
  * Minor version. A newer minor only gives meaning to bytes that older minors defined as
  * reserved (always written as zero), so an older consumer can read a newer page unchanged,
- * or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; the page is unchanged since 1.0.
+ * or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; 1.2 added the sample details
+ * (`xenpmu_page.sample`: timestamp, sequence number, overflowed counters, call chain).
  */
-#define XENPMU_VERSION_MINOR 1
+#define XENPMU_VERSION_MINOR 2
 
 /**
  * Size in bytes of the part of the page that version 1.0 defines (header through the vendor
@@ -227,6 +228,49 @@
  * `xenpmu_header.defined_size`; it is never smaller than this for major 1.
  */
 #define XENPMU_DEFINED_SIZE_1_0 1280
+
+/**
+ * Size in bytes of the part of the page that version 1.2 defines (1.0's part and
+ * `xenpmu_page.sample`). A consumer reads `xenpmu_page.sample` only from a page whose
+ * `xenpmu_header.defined_size` is at least this.
+ */
+#define XENPMU_DEFINED_SIZE_1_2 1864
+
+/**
+ * Entries of `xenpmu_sample_info.callchain`: the deepest call chain a sample carries.
+ */
+#define XENPMU_CALLCHAIN_MAX 64
+
+/**
+ * `xenpmu_sample_info.chain_end`: no call chain was walked (the platform cannot read the sampled
+ * context's memory, or the context is 16-bit or real mode). `chain_len` is 0.
+ */
+#define XENPMU_CHAIN_NONE 0
+
+/**
+ * `xenpmu_sample_info.chain_end`: the walk reached the outermost frame (a zero frame pointer or a
+ * zero return address).
+ */
+#define XENPMU_CHAIN_COMPLETE 1
+
+/**
+ * `xenpmu_sample_info.chain_end`: the chain is longer than `XENPMU_CALLCHAIN_MAX`; the outermost
+ * frames are missing.
+ */
+#define XENPMU_CHAIN_TRUNCATED 2
+
+/**
+ * `xenpmu_sample_info.chain_end`: the walk stopped at a frame pointer that cannot be one (not
+ * canonical, misaligned, below the stack pointer or not above the previous frame), e.g. in
+ * code built without frame pointers.
+ */
+#define XENPMU_CHAIN_BAD_FRAME 3
+
+/**
+ * `xenpmu_sample_info.chain_end`: the walk stopped at a frame the hypervisor could not read (not
+ * mapped, or not readable, in the sampled context's address space).
+ */
+#define XENPMU_CHAIN_UNREADABLE 4
 
 /**
  * `xenpmu_header.vendor`: no vendor context has been set up (the page is not initialised).
@@ -525,6 +569,53 @@ typedef struct xenpmu_vendor_area {
 } xenpmu_vendor_area;
 
 /**
+ * Details of the sample in the page (version 1.2; all zero in pages of older minors, which
+ * define these bytes as reserved). Written by the hypervisor with each sample, together with
+ * `xenpmu_page.identity` and `xenpmu_page.regs`.
+ */
+typedef struct xenpmu_sample_info {
+  /**
+   * The time-stamp counter of the physical CPU that took the PMI, read when the hypervisor
+   * handled it (0 if the hypervisor has no TSC to read).
+   */
+  uint64_t tsc;
+  /**
+   * The TSC frequency in kHz, so that `tsc` converts to time (0: unknown). Written at init
+   * and with every sample.
+   */
+  uint64_t tsc_khz;
+  /**
+   * Samples generated for this page since init, this one included: published and dropped
+   * alike, so a consumer sees a gap of n - 1 where n - 1 samples were dropped.
+   */
+  uint64_t sequence;
+  /**
+   * The counters whose overflow raised this PMI: bit i for general-purpose counter i, bit
+   * 32 + i for Intel fixed counter i (the bit layout of Intel's GLOBAL_STATUS and AMD's
+   * PerfCntrGlobalStatus).
+   */
+  uint64_t overflowed;
+  /**
+   * Valid entries of `callchain`.
+   */
+  uint32_t chain_len;
+  /**
+   * `XENPMU_CHAIN_*`: why the call chain ends where it does.
+   */
+  uint32_t chain_end;
+  /**
+   * Return addresses of the sampled context's call chain, walked by the hypervisor through
+   * its frame-pointer chain: the caller of the function `regs.rip` is in first, then its
+   * caller, outwards. Entries from `chain_len` on are zero.
+   */
+  uint64_t callchain[XENPMU_CALLCHAIN_MAX];
+  /**
+   * Reserved, zero.
+   */
+  uint64_t _reserved0[4];
+} xenpmu_sample_info;
+
+/**
  * One general-purpose counter and its event-select (Intel GP bank entry).
  */
 typedef struct xenpmu_counter_pair {
@@ -666,9 +757,14 @@ typedef struct xenpmu_page {
    */
   struct xenpmu_vendor_area vendor;
   /**
+   * Details of the sample (version 1.2: read only if `xenpmu_header.defined_size` is at least
+   * `XENPMU_DEFINED_SIZE_1_2`).
+   */
+  struct xenpmu_sample_info sample;
+  /**
    * Reserved, zero; a later minor version may define it.
    */
-  uint8_t _reserved1[2816];
+  uint8_t _reserved1[2232];
 } xenpmu_page;
 
 /**
@@ -1026,6 +1122,23 @@ XENPMU_STATIC_ASSERT(sizeof(((xenpmu_regs *)0)->_pad1) == 4, "sizeof(xenpmu_regs
 XENPMU_STATIC_ASSERT(sizeof(xenpmu_vendor_area) == 1024, "sizeof(xenpmu_vendor_area)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_vendor_area, words) == 0, "offsetof(xenpmu_vendor_area, words)");
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_vendor_area *)0)->words) == 1024, "sizeof(xenpmu_vendor_area.words)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_sample_info) == 584, "sizeof(xenpmu_sample_info)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_sample_info, tsc) == 0, "offsetof(xenpmu_sample_info, tsc)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_sample_info *)0)->tsc) == 8, "sizeof(xenpmu_sample_info.tsc)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_sample_info, tsc_khz) == 8, "offsetof(xenpmu_sample_info, tsc_khz)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_sample_info *)0)->tsc_khz) == 8, "sizeof(xenpmu_sample_info.tsc_khz)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_sample_info, sequence) == 16, "offsetof(xenpmu_sample_info, sequence)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_sample_info *)0)->sequence) == 8, "sizeof(xenpmu_sample_info.sequence)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_sample_info, overflowed) == 24, "offsetof(xenpmu_sample_info, overflowed)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_sample_info *)0)->overflowed) == 8, "sizeof(xenpmu_sample_info.overflowed)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_sample_info, chain_len) == 32, "offsetof(xenpmu_sample_info, chain_len)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_sample_info *)0)->chain_len) == 4, "sizeof(xenpmu_sample_info.chain_len)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_sample_info, chain_end) == 36, "offsetof(xenpmu_sample_info, chain_end)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_sample_info *)0)->chain_end) == 4, "sizeof(xenpmu_sample_info.chain_end)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_sample_info, callchain) == 40, "offsetof(xenpmu_sample_info, callchain)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_sample_info *)0)->callchain) == 512, "sizeof(xenpmu_sample_info.callchain)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_sample_info, _reserved0) == 552, "offsetof(xenpmu_sample_info, _reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_sample_info *)0)->_reserved0) == 32, "sizeof(xenpmu_sample_info._reserved0)");
 XENPMU_STATIC_ASSERT(sizeof(xenpmu_counter_pair) == 16, "sizeof(xenpmu_counter_pair)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_counter_pair, counter) == 0, "offsetof(xenpmu_counter_pair, counter)");
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_counter_pair *)0)->counter) == 8, "sizeof(xenpmu_counter_pair.counter)");
@@ -1086,8 +1199,10 @@ XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, _reserved0) == 224, "offsetof(xenpmu_
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->_reserved0) == 32, "sizeof(xenpmu_page._reserved0)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, vendor) == 256, "offsetof(xenpmu_page, vendor)");
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->vendor) == 1024, "sizeof(xenpmu_page.vendor)");
-XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, _reserved1) == 1280, "offsetof(xenpmu_page, _reserved1)");
-XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->_reserved1) == 2816, "sizeof(xenpmu_page._reserved1)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, sample) == 1280, "offsetof(xenpmu_page, sample)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->sample) == 584, "sizeof(xenpmu_page.sample)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_page, _reserved1) == 1864, "offsetof(xenpmu_page, _reserved1)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_page *)0)->_reserved1) == 2232, "sizeof(xenpmu_page._reserved1)");
 XENPMU_STATIC_ASSERT(sizeof(xenpmu_version) == 8, "sizeof(xenpmu_version)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_version, major) == 0, "offsetof(xenpmu_version, major)");
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_version *)0)->major) == 4, "sizeof(xenpmu_version.major)");

@@ -7,7 +7,7 @@ use core::mem::{align_of, offset_of, size_of};
 use static_assertions::{const_assert, const_assert_eq};
 
 use crate::ops::{CoverageParams, Params, Version};
-use crate::page::{Header, Identity, Page, Regs};
+use crate::page::{Header, Identity, Page, Regs, SampleInfo};
 use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
 
 const_assert_eq!(size_of::<Page>(), crate::XENPMU_PAGE_SIZE);
@@ -98,7 +98,19 @@ const_assert_eq!(offset_of!(Page, regs), 48);
 const_assert_eq!(offset_of!(Page, dropped_samples), 216);
 const_assert_eq!(offset_of!(Page, _reserved0), 224);
 const_assert_eq!(offset_of!(Page, vendor), 256);
-const_assert_eq!(offset_of!(Page, _reserved1), 1280);
+const_assert_eq!(offset_of!(Page, sample), 1280);
+const_assert_eq!(offset_of!(Page, _reserved1), 1864);
+
+const_assert_eq!(size_of::<SampleInfo>(), 584);
+const_assert_eq!(offset_of!(SampleInfo, tsc), 0);
+const_assert_eq!(offset_of!(SampleInfo, tsc_khz), 8);
+const_assert_eq!(offset_of!(SampleInfo, sequence), 16);
+const_assert_eq!(offset_of!(SampleInfo, overflowed), 24);
+const_assert_eq!(offset_of!(SampleInfo, chain_len), 32);
+const_assert_eq!(offset_of!(SampleInfo, chain_end), 36);
+const_assert_eq!(offset_of!(SampleInfo, callchain), 40);
+const_assert_eq!(offset_of!(SampleInfo, _reserved0), 552);
+const_assert_eq!(align_of::<SampleInfo>(), 8);
 
 const_assert_eq!(offset_of!(Version, major), 0);
 const_assert_eq!(offset_of!(Version, minor), 4);
@@ -118,6 +130,11 @@ const_assert_eq!(offset_of!(CoverageParams, buffer), offset_of!(Params, val));
 const_assert_eq!(offset_of!(CoverageParams, size), offset_of!(Params, vcpu));
 const_assert_eq!(offset_of!(CoverageParams, subop), offset_of!(Params, _pad0));
 
+// The defined part of version 1.2 ends where the sample details end.
+const_assert_eq!(
+    crate::XENPMU_DEFINED_SIZE_1_2 as usize,
+    offset_of!(Page, sample) + size_of::<SampleInfo>()
+);
 // The defined part of version 1.0 ends where the vendor area ends.
 const_assert_eq!(
     crate::XENPMU_DEFINED_SIZE_1_0 as usize,

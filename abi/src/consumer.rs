@@ -8,9 +8,9 @@ use zerocopy::FromBytes;
 
 use crate::error::AbiError;
 use crate::page::{
-    Header, Identity, Page, Regs, XENPMU_DEFINED_SIZE_1_0, XENPMU_FLAG_CACHED,
-    XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED, XENPMU_MAGIC,
-    XENPMU_PAGE_SIZE, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL, XENPMU_VERSION_MAJOR,
+    Header, Identity, Page, Regs, SampleInfo, XENPMU_DEFINED_SIZE_1_0, XENPMU_DEFINED_SIZE_1_2,
+    XENPMU_FLAG_CACHED, XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED,
+    XENPMU_MAGIC, XENPMU_PAGE_SIZE, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL, XENPMU_VERSION_MAJOR,
 };
 use crate::vendor::{AmdBanks, AmdCtxt, CounterPair, IntelBanks, IntelCtxt, VendorArea};
 
@@ -94,6 +94,13 @@ impl<'a> PageView<'a> {
     /// The sampled registers.
     pub fn regs(&self) -> Regs {
         self.page.regs
+    }
+
+    /// The sample details (timestamp, sequence number, overflowed counters, call chain), if
+    /// the page's writer defines them (version 1.2 or later: `defined_size` at least
+    /// `XENPMU_DEFINED_SIZE_1_2`); `None` for a page of an older minor.
+    pub fn sample_info(&self) -> Option<SampleInfo> {
+        (self.page.header.defined_size >= XENPMU_DEFINED_SIZE_1_2).then_some(self.page.sample)
     }
 
     /// Samples dropped because the previous one was still cached, since init.

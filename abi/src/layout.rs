@@ -9,7 +9,7 @@
 use core::mem::{offset_of, size_of};
 
 use crate::ops::{CoverageParams, Params, Version};
-use crate::page::{Header, Identity, Page, Regs};
+use crate::page::{Header, Identity, Page, Regs, SampleInfo};
 use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
 
 /// One field of an ABI struct.
@@ -78,6 +78,13 @@ pub const STRUCTS: &[StructLayout] = &[
         ]
     ),
     struct_layout!(VendorArea, "xenpmu_vendor_area", [words]),
+    struct_layout!(
+        SampleInfo,
+        "xenpmu_sample_info",
+        [
+            tsc, tsc_khz, sequence, overflowed, chain_len, chain_end, callchain, _reserved0
+        ]
+    ),
     struct_layout!(CounterPair, "xenpmu_counter_pair", [counter, control]),
     struct_layout!(
         IntelCtxt,
@@ -121,6 +128,7 @@ pub const STRUCTS: &[StructLayout] = &[
             dropped_samples,
             _reserved0,
             vendor,
+            sample,
             _reserved1
         ]
     ),

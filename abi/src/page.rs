@@ -22,13 +22,39 @@ pub const XENPMU_VERSION_MAJOR: u16 = 1;
 
 /// Minor version. A newer minor only gives meaning to bytes that older minors defined as
 /// reserved (always written as zero), so an older consumer can read a newer page unchanged,
-/// or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; the page is unchanged since 1.0.
-pub const XENPMU_VERSION_MINOR: u16 = 1;
+/// or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; 1.2 added the sample details
+/// (`Page::sample`: timestamp, sequence number, overflowed counters, call chain).
+pub const XENPMU_VERSION_MINOR: u16 = 2;
 
 /// Size in bytes of the part of the page that version 1.0 defines (header through the vendor
 /// area). The hypervisor writes the size of the part *its* minor defines into
 /// `Header::defined_size`; it is never smaller than this for major 1.
 pub const XENPMU_DEFINED_SIZE_1_0: u32 = 1280;
+
+/// Size in bytes of the part of the page that version 1.2 defines (1.0's part and
+/// `Page::sample`). A consumer reads `Page::sample` only from a page whose
+/// `Header::defined_size` is at least this.
+pub const XENPMU_DEFINED_SIZE_1_2: u32 = 1864;
+
+/// Entries of `SampleInfo::callchain`: the deepest call chain a sample carries.
+pub const XENPMU_CALLCHAIN_MAX: usize = 64;
+
+/// `SampleInfo::chain_end`: no call chain was walked (the platform cannot read the sampled
+/// context's memory, or the context is 16-bit or real mode). `chain_len` is 0.
+pub const XENPMU_CHAIN_NONE: u32 = 0;
+/// `SampleInfo::chain_end`: the walk reached the outermost frame (a zero frame pointer or a
+/// zero return address).
+pub const XENPMU_CHAIN_COMPLETE: u32 = 1;
+/// `SampleInfo::chain_end`: the chain is longer than `XENPMU_CALLCHAIN_MAX`; the outermost
+/// frames are missing.
+pub const XENPMU_CHAIN_TRUNCATED: u32 = 2;
+/// `SampleInfo::chain_end`: the walk stopped at a frame pointer that cannot be one (not
+/// canonical, misaligned, below the stack pointer or not above the previous frame), e.g. in
+/// code built without frame pointers.
+pub const XENPMU_CHAIN_BAD_FRAME: u32 = 3;
+/// `SampleInfo::chain_end`: the walk stopped at a frame the hypervisor could not read (not
+/// mapped, or not readable, in the sampled context's address space).
+pub const XENPMU_CHAIN_UNREADABLE: u32 = 4;
 
 /// `Header::vendor`: no vendor context has been set up (the page is not initialised).
 pub const XENPMU_VENDOR_NONE: u32 = 0;
@@ -187,6 +213,52 @@ pub struct Regs {
     pub _pad1: u32,
 }
 
+/// Details of the sample in the page (version 1.2; all zero in pages of older minors, which
+/// define these bytes as reserved). Written by the hypervisor with each sample, together with
+/// `Page::identity` and `Page::regs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+pub struct SampleInfo {
+    /// The time-stamp counter of the physical CPU that took the PMI, read when the hypervisor
+    /// handled it (0 if the hypervisor has no TSC to read).
+    pub tsc: u64,
+    /// The TSC frequency in kHz, so that `tsc` converts to time (0: unknown). Written at init
+    /// and with every sample.
+    pub tsc_khz: u64,
+    /// Samples generated for this page since init, this one included: published and dropped
+    /// alike, so a consumer sees a gap of n - 1 where n - 1 samples were dropped.
+    pub sequence: u64,
+    /// The counters whose overflow raised this PMI: bit i for general-purpose counter i, bit
+    /// 32 + i for Intel fixed counter i (the bit layout of Intel's GLOBAL_STATUS and AMD's
+    /// PerfCntrGlobalStatus).
+    pub overflowed: u64,
+    /// Valid entries of `callchain`.
+    pub chain_len: u32,
+    /// `XENPMU_CHAIN_*`: why the call chain ends where it does.
+    pub chain_end: u32,
+    /// Return addresses of the sampled context's call chain, walked by the hypervisor through
+    /// its frame-pointer chain: the caller of the function `regs.rip` is in first, then its
+    /// caller, outwards. Entries from `chain_len` on are zero.
+    pub callchain: [u64; XENPMU_CALLCHAIN_MAX],
+    /// Reserved, zero.
+    pub _reserved0: [u64; 4],
+}
+
+impl Default for SampleInfo {
+    fn default() -> Self {
+        <Self as FromZeros>::new_zeroed()
+    }
+}
+
+impl SampleInfo {
+    /// The valid part of the call chain (at most `XENPMU_CALLCHAIN_MAX` entries, whatever
+    /// `chain_len` says).
+    pub fn chain(&self) -> &[u64] {
+        let len = (self.chain_len as usize).min(XENPMU_CALLCHAIN_MAX);
+        &self.callchain[..len]
+    }
+}
+
 /// The whole shared page.
 #[repr(C)]
 #[derive(Clone, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -211,8 +283,11 @@ pub struct Page {
     pub _reserved0: [u8; 32],
     /// Vendor counter context (`IntelCtxt` or `AmdCtxt` and their banks, per `Header::vendor`).
     pub vendor: VendorArea,
+    /// Details of the sample (version 1.2: read only if `Header::defined_size` is at least
+    /// `XENPMU_DEFINED_SIZE_1_2`).
+    pub sample: SampleInfo,
     /// Reserved, zero; a later minor version may define it.
-    pub _reserved1: [u8; 2816],
+    pub _reserved1: [u8; 2232],
 }
 
 impl Page {

@@ -5,7 +5,7 @@
 //! reads the header or the bank-geometry words back from the page: the guest can write them.
 
 use crate::page::{
-    Header, Identity, Page, Regs, XENPMU_DEFINED_SIZE_1_0, XENPMU_FLAG_CACHED,
+    Header, Identity, Page, Regs, SampleInfo, XENPMU_DEFINED_SIZE_1_2, XENPMU_FLAG_CACHED,
     XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED, XENPMU_MAGIC,
     XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL,
     XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
@@ -37,7 +37,7 @@ pub fn current_header(layout: &VendorLayout) -> Header {
         magic: XENPMU_MAGIC,
         version_major: XENPMU_VERSION_MAJOR,
         version_minor: XENPMU_VERSION_MINOR,
-        defined_size: XENPMU_DEFINED_SIZE_1_0,
+        defined_size: XENPMU_DEFINED_SIZE_1_2,
         vendor: layout.vendor_id(),
     }
 }
@@ -81,6 +81,18 @@ pub fn publish_sample(page: &mut Page, identity: &Identity, regs: &Regs) {
     page.identity = *identity;
     page.regs = *regs;
     page.pmu_flags = sample_flags(regs) | XENPMU_FLAG_CACHED;
+}
+
+/// Records the TSC frequency in a freshly initialised page (`SampleInfo::tsc_khz`), so that a
+/// consumer can convert timestamps before the first sample arrives.
+pub fn set_tsc_khz(page: &mut Page, tsc_khz: u64) {
+    page.sample.tsc_khz = tsc_khz;
+}
+
+/// Writes the sample details (version 1.2). Call it before [`publish_sample`], which sets
+/// `XENPMU_FLAG_CACHED` last.
+pub fn publish_sample_info(page: &mut Page, info: &SampleInfo) {
+    page.sample = *info;
 }
 
 /// Counts a sample dropped because the page's previous sample was still cached.
@@ -236,5 +248,37 @@ mod tests {
                 control: 2
             })
         );
+    }
+
+    #[test]
+    fn sample_details_round_trip_and_need_a_1_2_page() {
+        let mut page = Page::zeroed();
+        init_page(&mut page, &VendorLayout::Amd(AmdBanks::new(6).unwrap()));
+        set_tsc_khz(&mut page, 2_596_000);
+        let mut info = SampleInfo {
+            tsc: 123_456,
+            tsc_khz: 2_596_000,
+            sequence: 7,
+            overflowed: 1 << 2,
+            chain_len: 2,
+            chain_end: crate::XENPMU_CHAIN_COMPLETE,
+            ..SampleInfo::default()
+        };
+        info.callchain[..2].copy_from_slice(&[0x40_1000, 0x40_2000]);
+        publish_sample_info(&mut page, &info);
+        publish_sample(&mut page, &Identity::default(), &Regs::default());
+        let view = PageView::new(&page).unwrap();
+        let read = view.sample_info().expect("a 1.2 page has sample details");
+        assert_eq!(read, info);
+        assert_eq!(read.chain(), &[0x40_1000, 0x40_2000]);
+        // A page of an older minor defines no details.
+        page.header.defined_size = crate::XENPMU_DEFINED_SIZE_1_0;
+        assert_eq!(PageView::new(&page).unwrap().sample_info(), None);
+        // A lying chain_len never reads past the array.
+        let long = SampleInfo {
+            chain_len: u32::MAX,
+            ..info
+        };
+        assert_eq!(long.chain().len(), crate::XENPMU_CALLCHAIN_MAX);
     }
 }

@@ -48,7 +48,7 @@ static void fill_common(xenpmu_page *p, uint32_t vendor)
     p->header.magic = XENPMU_MAGIC;
     p->header.version_major = XENPMU_VERSION_MAJOR;
     p->header.version_minor = XENPMU_VERSION_MINOR;
-    p->header.defined_size = XENPMU_DEFINED_SIZE_1_0;
+    p->header.defined_size = XENPMU_DEFINED_SIZE_1_2;
     p->header.vendor = vendor;
     p->identity.domain_id = 42;
     p->identity.vcpu_id = 3;
@@ -66,6 +66,14 @@ static void fill_common(xenpmu_page *p, uint32_t vendor)
     p->regs.gs = 0x63;
     p->regs.cpl = 3;
     p->regs.mode = XENPMU_REGS_MODE_64 | XENPMU_REGS_MODE_USER;
+    p->sample.tsc = xp_pattern(60);
+    p->sample.tsc_khz = xp_pattern(61);
+    p->sample.sequence = xp_pattern(62);
+    p->sample.overflowed = xp_pattern(63);
+    p->sample.chain_len = 3;
+    p->sample.chain_end = XENPMU_CHAIN_COMPLETE;
+    for (i = 0; i < 3; i++)
+        p->sample.callchain[i] = xp_pattern(400 + (uint32_t)i);
 }
 
 static void check_common(xenpmu_page *p, uint32_t vendor)
@@ -93,6 +101,18 @@ static void check_common(xenpmu_page *p, uint32_t vendor)
     expect("gs", p->regs.gs, 0x63);
     expect("cpl", p->regs.cpl, 3);
     expect("mode", p->regs.mode, XENPMU_REGS_MODE_64 | XENPMU_REGS_MODE_USER);
+    /* Version 1.2's sample details, which a 32-bit consumer reads at the same offsets. */
+    expect("defined_size", p->header.defined_size, XENPMU_DEFINED_SIZE_1_2);
+    expect("tsc", p->sample.tsc, xp_pattern(60));
+    expect("tsc_khz", p->sample.tsc_khz, xp_pattern(61));
+    expect("sequence", p->sample.sequence, xp_pattern(62));
+    expect("overflowed", p->sample.overflowed, xp_pattern(63));
+    expect("chain_len", p->sample.chain_len, 3);
+    expect("chain_end", p->sample.chain_end, XENPMU_CHAIN_COMPLETE);
+    for (i = 0; i < XENPMU_CALLCHAIN_MAX; i++) {
+        snprintf(name, sizeof(name), "callchain %d", i);
+        expect(name, p->sample.callchain[i], i < 3 ? xp_pattern(400 + (uint32_t)i) : 0);
+    }
 }
 
 static void fill_intel(xenpmu_page *p)

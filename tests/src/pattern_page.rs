@@ -1,9 +1,9 @@
 //! The deterministic pages and parameter blocks that `tests/c/roundtrip.c` also builds.
 
-use vpmu_abi::writer::{init_page, publish_sample};
+use vpmu_abi::writer::{init_page, publish_sample, publish_sample_info};
 use vpmu_abi::{
-    AmdBanks, CounterPair, Identity, IntelBanks, Page, Params, Regs, VendorLayout,
-    XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_USER,
+    AmdBanks, CounterPair, Identity, IntelBanks, Page, Params, Regs, SampleInfo, VendorLayout,
+    XENPMU_CHAIN_COMPLETE, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_USER,
 };
 
 /// Intel fixed counters in the pattern page.
@@ -83,6 +83,23 @@ pub fn pattern_identity() -> Identity {
     }
 }
 
+/// The sample details of the pattern sample (version 1.2).
+pub fn pattern_sample_info() -> SampleInfo {
+    let mut info = SampleInfo {
+        tsc: pattern(60),
+        tsc_khz: pattern(61),
+        sequence: pattern(62),
+        overflowed: pattern(63),
+        chain_len: 3,
+        chain_end: XENPMU_CHAIN_COMPLETE,
+        ..SampleInfo::default()
+    };
+    for (i, slot) in (0u32..).zip(&mut info.callchain[..3]) {
+        *slot = pattern(400 + i);
+    }
+    info
+}
+
 /// The pattern page, built with the hypervisor-side helpers of `vpmu-abi`.
 pub fn pattern_page(vendor: Vendor) -> Page {
     let mut page = Page::zeroed();
@@ -130,6 +147,7 @@ pub fn pattern_page(vendor: Vendor) -> Page {
             }
         }
     }
+    publish_sample_info(&mut page, &pattern_sample_info());
     publish_sample(&mut page, &pattern_identity(), &pattern_regs());
     page.dropped_samples = pattern(50);
     page
