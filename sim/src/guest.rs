@@ -9,16 +9,17 @@ use std::collections::VecDeque;
 
 use vpmu::abi::ops::{OpError, Params};
 use vpmu::abi::{
-    PageView, PageViewMut, XENPMU_DOMID_SELF, XENPMU_MODE_ALL, XENPMU_OP_FINISH, XENPMU_OP_FLUSH,
-    XENPMU_OP_INIT, XENPMU_OP_LVTPC_SET,
+    PageView, PageViewMut, XENPMU_CHAIN_COMPLETE, XENPMU_CHAIN_NONE, XENPMU_DOMID_HYPERVISOR,
+    XENPMU_DOMID_SELF, XENPMU_MODE_ALL, XENPMU_OP_FINISH, XENPMU_OP_FLUSH, XENPMU_OP_INIT,
+    XENPMU_OP_LVTPC_SET,
 };
 use vpmu::{MsrOutcome, VcpuId};
 
 use super::plan::GuestPlan;
-use super::platform::guest_frame;
+use super::platform::{SimPlatform, guest_frame};
 use super::truth::{SimEvent, TruthPmu};
 use super::vendor::{Driver, FIXED0, SimVendor};
-use super::workload::Instruction;
+use super::workload::{Instruction, expected_chain};
 use super::world::{Pending, Sample, Source, Window, World};
 
 /// What the world predicted for a guest, to compare with the core's statistics.
@@ -60,6 +61,14 @@ pub struct Guest {
     pub page_drops: u64,
     /// The page's dropped-sample counter as the handler last saw it.
     pub seen_drops: u64,
+    /// The sequence number of the last sample the handler read from the page (reset by init).
+    pub last_sequence: u64,
+    /// The page's dropped-sample counter when the handler last read a sample, and how much it
+    /// had grown since the read before: drops of samples that arrived while that sample was
+    /// cached, so after it and before the next one.
+    pub drops_read: (u64, u64),
+    /// The timestamp of the last sample the handler read from the page.
+    pub last_tsc: u64,
     /// The event the domain's filter denies, if any.
     pub denied: Option<SimEvent>,
     acks: u64,
@@ -87,6 +96,9 @@ impl Guest {
             stats: GuestStats::default(),
             page_drops: 0,
             seen_drops: 0,
+            last_sequence: 0,
+            drops_read: (0, 0),
+            last_tsc: 0,
             denied: None,
             acks: 0,
         }
@@ -231,6 +243,7 @@ impl<V: SimVendor> World<V> {
             self.guests[g].page_drops,
             "{id:?}: dropped-sample counter"
         );
+        self.check_sample_info(g, &view);
         let driver = self.driver;
         let truth = match window.source {
             Source::Own => &self.guests[g].truth,
@@ -310,6 +323,57 @@ impl<V: SimVendor> World<V> {
         }
     }
 
+    /// The sample details (ABI 1.2) of the sample in guest `g`'s page: the call chain read
+    /// from the sampled vCPU's own address space (each vCPU's stack holds a chain of its own,
+    /// so a walk in anyone else's memory is caught), none for the hypervisor's; a sequence
+    /// number past every earlier one, with a gap no smaller than the drops counted since; a
+    /// clock that moves forward; a non-empty overflow set.
+    fn check_sample_info(&mut self, g: usize, view: &PageView<'_>) {
+        let id = self.guests[g].id;
+        let info = view.sample_info().expect("the page is 1.2");
+        let identity = view.identity();
+        match identity.domain_id {
+            XENPMU_DOMID_HYPERVISOR => {
+                assert_eq!(
+                    (info.chain_len, info.chain_end),
+                    (0, XENPMU_CHAIN_NONE),
+                    "{id:?}: a hypervisor sample has no readable chain here"
+                );
+            }
+            domain => {
+                let sampled = VcpuId {
+                    domain: if domain == XENPMU_DOMID_SELF {
+                        id.domain
+                    } else {
+                        domain
+                    },
+                    vcpu: identity.vcpu_id,
+                };
+                assert_eq!(
+                    (info.chain(), info.chain_end),
+                    (&expected_chain(sampled)[..], XENPMU_CHAIN_COMPLETE),
+                    "{id:?}: call chain of {sampled:?}'s sample"
+                );
+            }
+        }
+        let guest = &mut self.guests[g];
+        // Every drop the previous read saw happened while the previous sample was cached:
+        // each took a sequence number between the two samples.
+        let (read_before, dropped_after_previous) = guest.drops_read;
+        assert!(
+            info.sequence > guest.last_sequence + dropped_after_previous,
+            "{id:?}: sequence {} after {} with {dropped_after_previous} drops between",
+            info.sequence,
+            guest.last_sequence
+        );
+        guest.drops_read = (view.dropped_samples(), view.dropped_samples() - read_before);
+        assert!(info.tsc > guest.last_tsc, "{id:?}: the clock moves forward");
+        assert_eq!(info.tsc_khz, SimPlatform::TSC_KHZ, "{id:?}: TSC frequency");
+        assert_ne!(info.overflowed, 0, "{id:?}: a sample names what overflowed");
+        guest.last_sequence = info.sequence;
+        guest.last_tsc = info.tsc;
+    }
+
     /// Guest `g` unregisters its page with finish — discarding a pending sample, if any, and
     /// resetting its counters (in all mode, those of every pCPU it profiles) — then starts its
     /// perf driver again. Without a page it has nothing to finish.
@@ -334,6 +398,8 @@ impl<V: SimVendor> World<V> {
         guest.enabled.iter_mut().for_each(|e| *e = true);
         guest.page_drops = 0;
         guest.seen_drops = 0;
+        guest.last_sequence = 0;
+        guest.drops_read = (0, 0);
         self.with_truths(g, |t| *t = reset.clone());
         self.setup_guest(g);
     }

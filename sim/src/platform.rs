@@ -7,8 +7,10 @@ use std::collections::{BTreeMap, VecDeque};
 use vpmu::abi::{Page, Regs, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_HYPERVISOR};
 use vpmu::{
     AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError,
-    PageSlot, Platform, RawEvent, VcpuId,
+    PageSlot, Platform, RawEvent, SampledContext, VcpuId,
 };
+
+use crate::workload::stack_words;
 
 /// Guest frames each domain owns.
 pub const FRAMES_PER_DOMAIN: u64 = 4;
@@ -86,6 +88,12 @@ pub struct SimPlatform {
     pub calling_pcpu: Option<u32>,
     /// Per vCPU, the registers of the last guest instruction it retired: where it resumes.
     pub resume_regs: BTreeMap<VcpuId, Regs>,
+    /// Each domain's stack memory, as 8-aligned 64-bit words by linear address: every vCPU's
+    /// frame-pointer chain (`workload::stack_words`). The hypervisor's memory is not
+    /// readable for call chains.
+    pub stacks: BTreeMap<u32, BTreeMap<u64, u64>>,
+    /// The simulated TSC: advances by one at every reading.
+    pub clock: u64,
 }
 
 impl SimPlatform {
@@ -102,6 +110,13 @@ impl SimPlatform {
                     (domain, guest_frame(domain, index)),
                     Box::new(Page::zeroed()),
                 );
+            }
+        }
+        let mut stacks = BTreeMap::new();
+        for (domain, &count) in (0u32..).zip(vcpu_counts) {
+            let words: &mut BTreeMap<u64, u64> = stacks.entry(domain).or_default();
+            for vcpu in 0..count {
+                words.extend(stack_words(VcpuId { domain, vcpu }));
             }
         }
         let idle = Interrupted::Hypervisor {
@@ -131,6 +146,8 @@ impl SimPlatform {
             requests_sent: 0,
             calling_pcpu: None,
             resume_regs: BTreeMap::new(),
+            stacks,
+            clock: 0,
         }
     }
 
@@ -167,7 +184,54 @@ impl SimPlatform {
     }
 }
 
+impl SimPlatform {
+    /// The simulated TSC's frequency (1 GHz).
+    pub const TSC_KHZ: u64 = 1_000_000;
+
+    fn stack_of(&self, context: SampledContext) -> Option<&BTreeMap<u64, u64>> {
+        match context {
+            SampledContext::Guest(vcpu) => self.stacks.get(&vcpu.domain),
+            SampledContext::Hypervisor => None,
+        }
+    }
+}
+
 impl Platform for SimPlatform {
+    fn timestamp(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn tsc_khz(&self) -> u64 {
+        Self::TSC_KHZ
+    }
+
+    fn reads_sampled_memory(&self, context: SampledContext) -> bool {
+        self.stack_of(context).is_some()
+    }
+
+    fn read_sampled(&mut self, context: SampledContext, address: u64, out: &mut [u8]) -> bool {
+        let Some(words) = self.stack_of(context) else {
+            return false;
+        };
+        let mut at = address;
+        let mut filled = 0;
+        while filled < out.len() {
+            let Some(&word) = words.get(&(at & !7)) else {
+                return false;
+            };
+            let skip = (at & 7) as usize;
+            let take = (8 - skip).min(out.len() - filled);
+            out[filled..filled + take].copy_from_slice(&word.to_le_bytes()[skip..skip + take]);
+            filled += take;
+            let Some(next) = at.checked_add(take as u64) else {
+                return filled == out.len();
+            };
+            at = next;
+        }
+        true
+    }
+
     fn privileged_domain(&self) -> u32 {
         self.privileged
     }

@@ -93,6 +93,48 @@ pub fn build(domain: u32, runs: &[Run]) -> Vec<Instruction> {
     out
 }
 
+/// Frames of every simulated vCPU's call chain (the stack `SimPlatform` lays out).
+pub const STACK_FRAMES: usize = 3;
+
+/// Where `vcpu`'s stack pointer is while it retires instructions.
+pub fn stack_pointer(vcpu: VcpuId) -> u64 {
+    let tag = u64::from(vcpu.domain) << 32 | u64::from(vcpu.vcpu);
+    0x7fff_0000_0000 - (tag << 12)
+}
+
+/// `vcpu`'s innermost frame: RBP while it retires instructions.
+pub fn frame_pointer(vcpu: VcpuId) -> u64 {
+    stack_pointer(vcpu) + 0x40
+}
+
+/// The return addresses `vcpu`'s frame-pointer chain holds, innermost first: addresses in its
+/// own domain's functions, distinct per vCPU, so that a chain read from any other address
+/// space (another vCPU's, another domain's) is caught.
+pub fn expected_chain(vcpu: VcpuId) -> [u64; STACK_FRAMES] {
+    core::array::from_fn(|k| {
+        function_base(vcpu.domain, k as u32) + 0x10 * u64::from(vcpu.vcpu) + 8 * k as u64 + 5
+    })
+}
+
+/// `vcpu`'s stack as (address, 64-bit word) pairs: `STACK_FRAMES` frames of saved RBP and
+/// return address from `frame_pointer(vcpu)` upwards, the outermost with a saved RBP of 0.
+pub fn stack_words(vcpu: VcpuId) -> Vec<(u64, u64)> {
+    let chain = expected_chain(vcpu);
+    let mut words = Vec::new();
+    let mut frame = frame_pointer(vcpu);
+    for (k, &ret) in chain.iter().enumerate() {
+        let next = if k + 1 == STACK_FRAMES {
+            0
+        } else {
+            frame + 0x30
+        };
+        words.push((frame, next));
+        words.push((frame + 8, ret));
+        frame += 0x30;
+    }
+    words
+}
+
 /// The register state of `vcpu` retiring `insn`: RIP, CPL and mode from the instruction,
 /// selectors from the privilege level, and registers tagged with the vCPU's identity and the
 /// instruction's sequence number, so a sample carrying anyone else's registers is caught.
@@ -102,7 +144,8 @@ pub fn regs(vcpu: VcpuId, insn: &Instruction, seq: u64) -> Regs {
     Regs {
         rax: tag,
         rbx: seq,
-        rsp: 0x7fff_0000_0000 - (tag << 12),
+        rsp: stack_pointer(vcpu),
+        rbp: frame_pointer(vcpu),
         rip: insn.rip,
         rflags: 0x202,
         cs: if user { 0x33 } else { 0x10 },

@@ -22,6 +22,7 @@
 
 pub mod backend;
 pub mod bank;
+mod callchain;
 mod core;
 // The profile runtime's entry points are unsafe FFI (the `coverage` feature only).
 #[allow(unsafe_code)]
@@ -44,7 +45,9 @@ pub use backend::{
 pub use bank::HwRecord;
 pub use filter::{EventList, EventMatch, FilterAction, ListFull};
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};
-pub use platform::{Diagnostic, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform, VcpuId};
+pub use platform::{
+    Diagnostic, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform, SampledContext, VcpuId,
+};
 pub use pmi::PmiOutcome;
 pub use request::{ChangeRefused, Completion, CrossCpuRequest};
 pub use state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState, VcpuStats};

@@ -4,7 +4,9 @@
 //! docs/abi.md describes: a change that has begun and is being applied on other pCPUs.
 
 use vpmu_abi::ops::{CoverageParams, Op, OpError, Params, is_valid_features, is_valid_mode};
-use vpmu_abi::writer::{clear_cached, copy_vendor_area, guest_lvtpc_masked, init_page};
+use vpmu_abi::writer::{
+    clear_cached, copy_vendor_area, guest_lvtpc_masked, init_page, set_tsc_khz,
+};
 use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 
 use crate::backend::PmuBackend;
@@ -337,14 +339,22 @@ impl<B: PmuBackend> Vpmu<B> {
     ) -> Result<(), OpError> {
         let slot = mapped.map_err(|_| OpError::MapFailed)?;
         let layout = self.backend.page_layout();
+        let tsc_khz = platform.tsc_khz();
         if platform
-            .with_page(slot, |page| init_page(page, &layout))
+            .with_page(slot, |page| {
+                init_page(page, &layout);
+                set_tsc_khz(page, tsc_khz);
+            })
             .is_none()
         {
             platform.unmap_page(slot);
             return Err(OpError::MapFailed);
         }
-        vcpu.page = Some(SharedPage { slot, gfn });
+        vcpu.page = Some(SharedPage {
+            slot,
+            gfn,
+            samples: 0,
+        });
         vcpu.page_lvtpc_masked = true;
         Ok(())
     }

@@ -54,6 +54,15 @@ pub enum Interrupted {
     },
 }
 
+/// Whose address space a sample's call chain is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampledContext {
+    /// A guest vCPU, through its own page tables as they are at the PMI.
+    Guest(VcpuId),
+    /// The hypervisor, through its own mappings.
+    Hypervisor,
+}
+
 /// The result of asking the platform to deliver a PMI through a vCPU's virtual LVTPC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LvtpcDelivery {
@@ -145,6 +154,35 @@ pub trait Platform {
     fn resume_regs(&self, vcpu: VcpuId) -> Option<Regs> {
         let _ = vcpu;
         None
+    }
+
+    /// The caller's pCPU's time-stamp counter now: the timestamp of the sample being
+    /// published (`SampleInfo::tsc`). The default, 0, means the platform has no clock to give.
+    fn timestamp(&mut self) -> u64 {
+        0
+    }
+
+    /// The frequency of the clock `timestamp` reads, in kHz (0: unknown), written into every
+    /// page at init and with every sample.
+    fn tsc_khz(&self) -> u64 {
+        0
+    }
+
+    /// Whether `read_sampled` can read `context`'s memory at all. The default, false, gives
+    /// every sample an empty call chain (`XENPMU_CHAIN_NONE`) without calling `read_sampled`.
+    fn reads_sampled_memory(&self, context: SampledContext) -> bool {
+        let _ = context;
+        false
+    }
+
+    /// Fills `out` from linear address `address` of `context`'s address space (a guest vCPU's
+    /// own page tables as they are at the PMI, whatever the privilege of the page), for the
+    /// call-chain walk; false if any byte is not mapped and readable. It must not fault, block
+    /// or change the guest's state (no accessed bits, no MMIO reads: RAM only). The core reads
+    /// at most `2 * XENPMU_CALLCHAIN_MAX` words per sample, and only for samples it publishes.
+    fn read_sampled(&mut self, context: SampledContext, address: u64, out: &mut [u8]) -> bool {
+        let _ = (context, address, out);
+        false
     }
 
     /// Reports a guest-reachable diagnostic; the platform rate-limits it.

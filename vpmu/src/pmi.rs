@@ -9,15 +9,16 @@
 //!   hypervisor goes to it with the hypervisor's registers. Hypervisor registers never reach
 //!   any other domain.
 
-use vpmu_abi::writer::{publish_sample, record_dropped_sample};
+use vpmu_abi::writer::{publish_sample, publish_sample_info, record_dropped_sample};
 use vpmu_abi::{
-    Identity, Regs, XENPMU_DOMID_FIRST_RESERVED, XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF,
+    Identity, Regs, SampleInfo, XENPMU_CHAIN_NONE, XENPMU_DOMID_FIRST_RESERVED,
+    XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF,
 };
 
 use crate::backend::{Overflow, PmuBackend};
 use crate::core::{CoreError, Mode, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
-use crate::platform::{Diagnostic, Interrupted, LvtpcDelivery, Platform, VcpuId};
+use crate::platform::{Diagnostic, Interrupted, LvtpcDelivery, Platform, SampledContext, VcpuId};
 use crate::state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState};
 
 /// What became of a PMI.
@@ -50,11 +51,40 @@ pub enum PmiOutcome {
     },
 }
 
-/// The sample to publish: who it is attributed to and the registers.
+/// The sample to publish: who it is attributed to, the registers, and whose memory its call
+/// chain is read from.
 struct Sample {
     domain_id: u32,
     vcpu_id: u32,
     regs: Regs,
+    context: SampledContext,
+}
+
+/// The details of `sample` (ABI 1.2): the clock, the page's sequence number, what overflowed,
+/// and the call chain walked now, in the sampled context's address space.
+fn sample_info<P: Platform>(
+    platform: &mut P,
+    sample: &Sample,
+    overflow: Overflow,
+    sequence: u64,
+) -> SampleInfo {
+    let mut info = SampleInfo {
+        tsc: platform.timestamp(),
+        tsc_khz: platform.tsc_khz(),
+        sequence,
+        overflowed: overflow.counters.0,
+        chain_end: XENPMU_CHAIN_NONE,
+        ..SampleInfo::default()
+    };
+    if platform.reads_sampled_memory(sample.context) {
+        let context = sample.context;
+        let (len, end) = crate::callchain::walk(&sample.regs, &mut info.callchain, |at, out| {
+            platform.read_sampled(context, at, out)
+        });
+        info.chain_len = len;
+        info.chain_end = end;
+    }
+    info
 }
 
 impl<B: PmuBackend> Vpmu<B> {
@@ -116,6 +146,7 @@ impl<B: PmuBackend> Vpmu<B> {
                     domain_id: XENPMU_DOMID_HYPERVISOR,
                     vcpu_id: vcpu.id.vcpu,
                     regs,
+                    context: SampledContext::Hypervisor,
                 })
             }
             Interrupted::Hypervisor {
@@ -129,6 +160,7 @@ impl<B: PmuBackend> Vpmu<B> {
                     domain_id: XENPMU_DOMID_SELF,
                     vcpu_id: vcpu.id.vcpu,
                     regs,
+                    context: SampledContext::Guest(vcpu.id),
                 })
             }
             // The loaded context is not the interrupted vCPU's: nothing to attribute it to.
@@ -143,7 +175,7 @@ impl<B: PmuBackend> Vpmu<B> {
         };
         let to = vcpu.id;
         let delivered = if vcpu.page.is_some() {
-            self.publish(platform, pcpu, vcpu, &sample)?
+            self.publish(platform, pcpu, vcpu, &sample, overflow)?
         } else {
             match platform.deliver_lvtpc_pmi(to, self.backend.masks_lvtpc_on_pmi()) {
                 LvtpcDelivery::Delivered => true,
@@ -201,10 +233,14 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
         sample: &Sample,
+        overflow: Overflow,
     ) -> Result<bool, CoreError> {
-        let Some(page) = vcpu.page else {
+        let Some(page) = vcpu.page.as_mut() else {
             return Ok(false);
         };
+        // Every sample for the page takes a number, published or not: gaps show drops.
+        page.samples += 1;
+        let page = *page;
         if vcpu.page_lvtpc_masked || matches!(vcpu.state, VcpuState::Cached { .. }) {
             return Ok(false);
         }
@@ -212,10 +248,12 @@ impl<B: PmuBackend> Vpmu<B> {
         // The sample reports this overflow: it is no longer pending.
         vcpu.pending_pmi = None;
         let identity = self.identity(platform, vcpu.id, pcpu.index, sample);
+        let info = sample_info(platform, sample, overflow, page.samples);
         let backend = &self.backend;
         let ctx = &vcpu.ctx;
         let written = platform.with_page(page.slot, |page| {
             backend.context_to_page(ctx, &mut page.vendor);
+            publish_sample_info(page, &info);
             publish_sample(page, &identity, &sample.regs);
         });
         if written.is_none() {
@@ -290,10 +328,15 @@ impl<B: PmuBackend> Vpmu<B> {
         if self.policy().mode != Mode::All || matches!(profiler.state, VcpuState::Loaded { .. }) {
             return Ok(self.account(profiler, false, overflow));
         }
-        let (page, masked) = (profiler.page, profiler.page_lvtpc_masked);
-        let Some(page) = page.filter(|_| !masked) else {
+        let masked = profiler.page_lvtpc_masked;
+        let Some(page) = profiler.page.as_mut() else {
             return Ok(self.account(profiler, false, overflow));
         };
+        page.samples += 1;
+        let page = *page;
+        if masked {
+            return Ok(self.account(profiler, false, overflow));
+        }
         if matches!(profiler.state, VcpuState::Cached { .. }) || profiler.handover.is_some() {
             // Never overwrite an unconsumed sample (nor one whose flush is still on its way).
             platform.with_page(page.slot, record_dropped_sample);
@@ -321,14 +364,17 @@ impl<B: PmuBackend> Vpmu<B> {
                 },
                 vcpu_id: vcpu.vcpu,
                 regs,
+                context: SampledContext::Guest(vcpu),
             },
             Interrupted::Hypervisor { regs, on_behalf_of } => Sample {
                 domain_id: XENPMU_DOMID_HYPERVISOR,
                 vcpu_id: on_behalf_of.map_or(0, |(id, _)| id.vcpu),
                 regs,
+                context: SampledContext::Hypervisor,
             },
         };
         let identity = self.identity(platform, profiler.id, here, &sample);
+        let info = sample_info(platform, &sample, overflow, page.samples);
         let SystemContext::Loaded {
             mut ctx,
             profiler: owner,
@@ -340,6 +386,7 @@ impl<B: PmuBackend> Vpmu<B> {
         let backend = &self.backend;
         let written = platform.with_page(page.slot, |page| {
             backend.context_to_page(&ctx, &mut page.vendor);
+            publish_sample_info(page, &info);
             publish_sample(page, &identity, &sample.regs);
         });
         if written.is_none() {

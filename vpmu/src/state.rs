@@ -102,6 +102,9 @@ pub(crate) struct SharedPage {
     pub(crate) slot: PageSlot,
     /// The guest frame it was registered with (one frame is one vCPU's page at most).
     pub(crate) gfn: u64,
+    /// Samples generated for the page since init, published or dropped: the sequence number
+    /// of the last one (`SampleInfo::sequence`). Kept here, never read back from the page.
+    pub(crate) samples: u64,
 }
 
 /// The vPMU part of a vCPU.
