@@ -71,6 +71,7 @@ pub mod symbols;
 #[cfg(test)]
 mod tests;
 mod timed;
+pub mod translate;
 
 /// The privileged domain (domain 0; a run has one VM per domain, numbered from 0).
 pub const PRIVILEGED_DOMAIN: u32 = 0;
@@ -607,7 +608,10 @@ impl<P: Personality> Machine<P> {
             count,
             barrier: &barrier,
             cpu: None,
-            state: PlatformState::default(),
+            state: PlatformState {
+                tsc_khz,
+                ..PlatformState::default()
+            },
             sync: kvm_sync_regs::default(),
             next_rip: 0,
             handler: MsrHandler::Vpmu,

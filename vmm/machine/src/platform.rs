@@ -15,13 +15,14 @@ use vpmu::abi::{
 };
 use vpmu::{
     AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError,
-    PageSlot, Platform, VcpuId,
+    PageSlot, Platform, SampledContext, VcpuId,
 };
 use zerocopy::IntoBytes;
 
 use super::{Layout, PRIVILEGED_DOMAIN, VIRQ_VECTOR, VcpuIndex, lock_shared};
 use crate::kick::KickTarget;
 use crate::kvm::{GuestMem, Vm};
+use crate::translate::Paging;
 
 const LAPIC_ID: usize = 0x20;
 const LAPIC_SVR: usize = 0xF0;
@@ -82,6 +83,11 @@ impl VmmActivity {
 pub(super) struct PlatformState {
     /// The last guest registers (sync regs), for `Platform::interrupted`.
     pub(super) regs: Regs,
+    /// The vCPU's paging state at the last exit, for reading a sample's call chain through
+    /// the guest's own page tables.
+    pub(super) paging: Paging,
+    /// The host TSC frequency (kHz) the samples' timestamps count in; 0 if unknown.
+    pub(super) tsc_khz: u64,
     /// An interrupt was injected (vector), so the next retired instruction is its handler's.
     pub(super) injected: Option<u8>,
     pub(super) diagnostics: u64,
@@ -555,6 +561,30 @@ impl Platform for KvmPlatform<'_> {
         }
     }
 
+    fn timestamp(&mut self) -> u64 {
+        // The host TSC when the VMM handles the PMI: one clock for every pCPU thread.
+        // SAFETY: RDTSC reads a counter and has no memory effects; every x86-64 CPU has it
+        // (CR4.TSD, which would make it fault in user mode, is never set by Linux here).
+        unsafe { std::arch::x86_64::_rdtsc() }
+    }
+
+    fn tsc_khz(&self) -> u64 {
+        self.state.tsc_khz
+    }
+
+    fn reads_sampled_memory(&self, context: SampledContext) -> bool {
+        // Only the vCPU this thread runs has its paging state here (a PMI is always handled on
+        // the thread that ran the interrupted vCPU); the VMM's own memory is not a guest's.
+        context == SampledContext::Guest(self.me)
+    }
+
+    fn read_sampled(&mut self, context: SampledContext, address: u64, out: &mut [u8]) -> bool {
+        if context != SampledContext::Guest(self.me) {
+            return false;
+        }
+        self.state.paging.read(&self.vm.mem, address, out)
+    }
+
     fn resume_regs(&self, vcpu: VcpuId) -> Option<Regs> {
         // A vCPU is switched in by the thread that runs it next, with its own platform view:
         // its registers at its last exit are where it resumes.
@@ -627,6 +657,16 @@ fn code_size(s: &kvm_sync_regs) -> u32 {
 }
 
 /// The interrupted-context registers, from sync regs.
+/// The paging state in sync regs.
+pub(super) fn paging_of(s: &kvm_sync_regs) -> Paging {
+    Paging {
+        cr0: s.sregs.cr0,
+        cr3: s.sregs.cr3,
+        cr4: s.sregs.cr4,
+        efer: s.sregs.efer,
+    }
+}
+
 pub(super) fn regs_of(s: &kvm_sync_regs) -> Regs {
     let r = &s.regs;
     let cpl = (s.sregs.cs.selector & 3) as u8;

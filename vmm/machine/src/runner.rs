@@ -9,7 +9,7 @@ use vpmu::{CoreError, CrossCpuRequest, PcpuPmu, PmiOutcome, VcpuId};
 use vpmu_models::{ExecMode, SoftwarePmu};
 
 use super::exit::{Exit, MsrHandler};
-use super::platform::{Host, KvmPlatform, PlatformState, VmmActivity, regs_of};
+use super::platform::{Host, KvmPlatform, PlatformState, VmmActivity, paging_of, regs_of};
 use super::{
     Ctx, LockCount, Pcpu, PmiRecord, RunResult, Shared, count_shared_lock, lock_shared, locks_taken,
 };
@@ -482,6 +482,7 @@ impl<'a, P: Personality> Runner<'a, P> {
             let locks_at_exit = locks_taken();
             self.sync = self.vcpu.fd.sync_regs();
             self.state.regs = regs_of(&self.sync);
+            self.state.paging = paging_of(&self.sync);
             if !precise {
                 self.feed_cycles(ran);
             }
