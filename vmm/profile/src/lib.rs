@@ -370,6 +370,11 @@ fn profile_with<P: Personality + Copy + Sync>(
     let data = run::run(kvm, cpuid, p, &plan)?;
     let mut report = report_of(&data, &workloads, &p.name(), options.duration);
     report.checks.push(validate::attribution(&data));
+    report.checks.push(validate::fairness(
+        &validate::domain_shares(&data),
+        data.mode.name(),
+        data.frequency,
+    ));
     report.checks.extend(validate::shares(&report, &built_in));
     let compare =
         options.compare && options.mode == Mode::All && built_in.iter().all(Option::is_some);
@@ -386,6 +391,13 @@ fn profile_with<P: Personality + Copy + Sync>(
         let mut attribution = validate::attribution(&own);
         attribution.name = format!("self-mode run: {}", attribution.name);
         report.checks.push(attribution);
+        let mut fairness = validate::fairness(
+            &validate::domain_shares(&own),
+            own.mode.name(),
+            own.frequency,
+        );
+        fairness.name = format!("self-mode run: {}", fairness.name);
+        report.checks.push(fairness);
         report.checks.extend(validate::passive_agrees_with_self(
             &report,
             &own_report,
@@ -413,7 +425,7 @@ fn profile_with<P: Personality + Copy + Sync>(
     std::fs::write(&samples, samples_jsonl(&data, &workloads))
         .map_err(ProfileError::write(&samples))?;
     write_outputs(&options.out, &report, &text, delivery, comparison.as_ref())?;
-    Ok(report.checks.iter().all(|c| c.passed))
+    Ok(!report.checks.iter().any(report::Check::fails))
 }
 
 fn write_outputs(

@@ -50,6 +50,9 @@ pub struct Check {
     pub name: String,
     /// Whether it held.
     pub passed: bool,
+    /// Not checked (too few samples, nothing to compare): `passed` is false, and the run does
+    /// not fail for it (shown as SKIP).
+    pub skipped: bool,
     /// The numbers behind the verdict.
     pub detail: String,
 }
@@ -314,7 +317,11 @@ impl Report {
             }
         }
         for c in &self.checks {
-            let verdict = if c.passed { "PASS" } else { "FAIL" };
+            let verdict = match (c.passed, c.skipped) {
+                (true, _) => "PASS",
+                (false, true) => "SKIP",
+                (false, false) => "FAIL",
+            };
             let _ = writeln!(out, "{verdict} {} — {}", c.name, c.detail);
         }
         out
@@ -471,11 +478,13 @@ mod tests {
         r.checks.push(Check {
             name: "samples_seen".into(),
             passed: true,
+            skipped: false,
             detail: "12 > 0".into(),
         });
         r.checks.push(Check {
             name: "no_drops".into(),
             passed: false,
+            skipped: false,
             detail: "5 dropped".into(),
         });
         r
