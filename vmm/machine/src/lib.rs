@@ -58,6 +58,7 @@ use runner::{Rendezvous, Runner};
 
 pub mod error;
 mod exit;
+mod halt;
 pub mod kick;
 pub mod kvm;
 pub mod loader;
@@ -116,8 +117,11 @@ pub struct RunResult {
     pub stopped: bool,
     /// Which vCPU this is (None only in a result made before its vCPU existed).
     pub vcpu: Option<VcpuId>,
-    /// Nanoseconds this vCPU spent in `KVM_RUN` (timed source: its CPU time).
+    /// Nanoseconds this vCPU spent in `KVM_RUN`, not halted (timed source: its CPU time).
     pub guest_ns: u128,
+    /// Nanoseconds it spent halted inside `KVM_RUN` (timed source, where KVM's statistics
+    /// tell: `halt::HaltClock`); no cycles are counted for them.
+    pub halted_ns: u128,
     /// Guest memory copied after the run (`Machine::peek_after_run`): (GPA, bytes).
     pub peeked: Vec<(u64, Vec<u8>)>,
     /// Locks taken over the MSR exits answered by the vpmu, each from the exit to the next
@@ -592,7 +596,10 @@ impl<P: Personality> Machine<P> {
             .map_or(1_000_000, u64::from);
         let barrier = Rendezvous::new(vcpus.len());
         let shared_layout = layout.shared();
+        let timed = personality.source() == crate::personality::Source::Timed;
         let runners = vcpus.into_iter().enumerate().map(|(i, (me, vcpu))| Runner {
+            // The timed source feeds no cycles for the time a vCPU was halted.
+            halt: timed.then(|| halt::HaltClock::new(&vcpu.fd)).flatten(),
             personality: &personality,
             vm: &vms[me.domain as usize],
             vms: &vms,
@@ -620,6 +627,9 @@ impl<P: Personality> Machine<P> {
             fed_cycles: 0,
             slices: 0,
             activity: platform::VmmActivity::Other,
+            preempted: None,
+            halted_ns: 0,
+            halted_in_run: false,
         });
         let mut results = if shared_layout {
             Self::run_pcpus(runners.collect(), pcpus, timeout, finish_with.as_deref())

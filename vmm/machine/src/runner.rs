@@ -5,7 +5,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_run, kvm_sync_regs};
-use vpmu::{CoreError, CrossCpuRequest, PcpuPmu, PmiOutcome, VcpuId};
+use vpmu::{CoreError, CrossCpuRequest, PcpuPmu, PmiOutcome, SystemContext, VcpuId};
 use vpmu_models::{ExecMode, SoftwarePmu};
 
 use super::exit::{Exit, MsrHandler};
@@ -15,6 +15,7 @@ use super::{
 };
 use super::{GuestPorts, PortAccess};
 use crate::error::{MachineError, Result};
+use crate::halt::HaltClock;
 use crate::kick::Kick;
 use crate::kvm::{Vcpu, Vm};
 use crate::personality::{Personality, Source};
@@ -56,6 +57,16 @@ pub(super) struct Runner<'a, P: Personality> {
     pub(super) slices: u32,
     /// The exit the VMM handled last (what a hypervisor sample caught).
     pub(super) activity: VmmActivity,
+    /// What was left of this vCPU's slice when a vCPU sent the PMU VIRQ preempted it (it
+    /// resumes the slice after that one: the boost must not shorten the preempted vCPU's
+    /// turn, or the samples would decide the schedule).
+    pub(super) preempted: Option<Slice>,
+    /// Timed mode: the vCPU's halted-time clock (None where KVM does not tell), and the
+    /// nanoseconds it spent halted inside `KVM_RUN` so far.
+    pub(super) halt: Option<HaltClock>,
+    pub(super) halted_ns: u128,
+    /// The vCPU was halted in its last `KVM_RUN`.
+    pub(super) halted_in_run: bool,
 }
 
 /// A runner's view for one call into the core: the platform, its pCPU's parts, the shared
@@ -117,6 +128,29 @@ const MAX_PMI_LOG: usize = 1 << 20;
 
 /// Timed mode on a shared pCPU: the longest slice.
 pub(super) const SLICE_TIME: Duration = Duration::from_millis(1);
+
+/// A time slice of a vCPU on a shared pCPU: at most `exits` exits and, with the timed source,
+/// at most `time` (a CPL3 workload may run without exits for as long as no counter is about to
+/// overflow).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Slice {
+    pub(super) exits: u64,
+    pub(super) time: Duration,
+}
+
+/// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`; guest execution inside
+/// `KVM_RUN` is the thread's), zero if the clock cannot be read.
+pub(super) fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut t) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
 
 /// How long a vCPU waits for the others at a migration before giving up.
 const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -382,6 +416,8 @@ impl<'a, P: Personality> Runner<'a, P> {
         }
         result.elapsed = start.elapsed();
         result.pmis = self.state.pmis;
+        result.guest_ns = self.run_ns;
+        result.halted_ns = self.halted_ns;
         result.vcpu = Some(self.me);
         result.pmi_contexts = std::mem::take(&mut self.state.pmi_contexts);
         if let Err(e) = outcome {
@@ -391,14 +427,15 @@ impl<'a, P: Personality> Runner<'a, P> {
     }
 
     /// Runs the vCPU until it writes its exit status (`Ok(true)`) or, with `slice`, until
-    /// that many exits have been handled (`Ok(false)`: the slice is over).
+    /// the slice is over (`Ok(false)`; `preempted` holds what was left of it if another
+    /// vCPU of the pCPU was sent the PMU VIRQ).
     pub(super) fn run_loop(
         &mut self,
         timeout: Duration,
         start: Instant,
         result: &mut RunResult,
         kick: &ThreadKick<'_>,
-        slice: Option<u64>,
+        slice: Option<Slice>,
     ) -> Result<bool> {
         let mut back: Option<Instant> = None;
         let mut armed: Option<Instant> = None;
@@ -406,14 +443,34 @@ impl<'a, P: Personality> Runner<'a, P> {
         let mut exits = 0u64;
         // The locks taken since the last exit, if it was a PMU MSR exit the vpmu answered.
         let mut msr_exit: Option<LockCount> = None;
-        // Timed mode on a shared pCPU: a slice also ends after `SLICE_TIME` (a CPL3 workload
-        // may run without exits for as long as no counter is about to overflow).
-        let slice_end = (slice.is_some() && !precise).then(|| Instant::now() + SLICE_TIME);
+        // A slice is a budget: of exits with the precise source (a single-stepped instruction
+        // is one exit), of the thread's CPU time with the timed source (the vCPU's time on the
+        // pCPU: guest time and the VMM's serving it, as a hypervisor charges a vCPU's credit;
+        // never the time the host ran other threads, nor a halt). Exits are no measure of
+        // time there, and a budget of wall time would let a loaded host's preemptions decide
+        // who gets the pCPU's cycles.
+        let slice_exits = slice.filter(|_| precise).map(|s| s.exits);
+        let slice_cpu = slice
+            .filter(|_| !precise)
+            .map(|s| (thread_cpu_time(), s.time));
+        self.halted_in_run = false;
         loop {
             if start.elapsed() > timeout {
                 return Err(MachineError::Timeout(timeout));
             }
-            if slice.is_some_and(|n| exits >= n) || slice_end.is_some_and(|e| Instant::now() >= e) {
+            // While this vCPU's page holds the pCPU's system-wide sample (all mode), the
+            // pCPU's counters are stopped for every vCPU until it flushes: its slice does not
+            // end (any other vCPU would run uncounted, and the domains that run then would
+            // lose samples).
+            let reading = self.reads_frozen_sample();
+            let time_left =
+                slice_cpu.map(|(t0, budget)| budget.saturating_sub(thread_cpu_time() - t0));
+            // A vCPU that halted blocks: it gives the rest of its slice up.
+            if !reading
+                && (slice_exits.is_some_and(|n| exits >= n)
+                    || time_left.is_some_and(|t| t.is_zero())
+                    || (slice.is_some() && self.halted_in_run))
+            {
                 // The slice ends after that exit: its locks are counted up to here.
                 if let Some(at) = msr_exit.take() {
                     result.msr_exit_locks = result.msr_exit_locks + (locks_taken() - at);
@@ -424,8 +481,13 @@ impl<'a, P: Personality> Runner<'a, P> {
             // What other pCPUs need of this one happens before the entry (their kick brought
             // the vCPU out of KVM_RUN).
             self.complete_requests()?;
-            if slice.is_some() && self.shared.host.woken_on(self.pcpu) {
-                // Another vCPU of this pCPU was sent the PMU VIRQ: let it run now.
+            if let Some(s) = slice.filter(|_| !reading && self.shared.host.woken_on(self.pcpu)) {
+                // Another vCPU of this pCPU was sent the PMU VIRQ: let it run now, and come
+                // back for the rest of this slice.
+                self.preempted = Some(Slice {
+                    exits: slice_exits.map_or(s.exits, |n| n.saturating_sub(exits).max(1)),
+                    time: time_left.unwrap_or(s.time),
+                });
                 if let Some(at) = msr_exit.take() {
                     result.msr_exit_locks = result.msr_exit_locks + (locks_taken() - at);
                 }
@@ -452,8 +514,10 @@ impl<'a, P: Personality> Runner<'a, P> {
             });
             let watchdog = start + timeout;
             let mut deadline = overflow.map_or(watchdog, |o| o.min(watchdog));
-            if let Some(end) = slice_end {
-                deadline = deadline.min(end);
+            if let Some(left) = time_left.filter(|_| !reading) {
+                // Early if the host preempts the thread: the loop then enters again for the
+                // rest.
+                deadline = deadline.min(Instant::now() + left);
             }
             if armed != Some(deadline) {
                 kick.kick().arm(Some(deadline));
@@ -475,16 +539,21 @@ impl<'a, P: Personality> Runner<'a, P> {
             if let Some(at) = msr_exit.take() {
                 result.msr_exit_locks = result.msr_exit_locks + (locks_taken() - at);
             }
+            let on_cpu = (!precise).then(thread_cpu_time);
             let entered = Instant::now();
             let exit = self.next_exit()?;
             let ran = entered.elapsed();
+            // The thread's CPU time in the run, which leaves out the time the host ran other
+            // threads (a loaded host preempts a vCPU thread inside KVM_RUN for milliseconds;
+            // the guest ran none of it).
+            let on_cpu = on_cpu.map_or(ran, |t| thread_cpu_time().saturating_sub(t));
             back = Some(Instant::now());
             let locks_at_exit = locks_taken();
             self.sync = self.vcpu.fd.sync_regs();
             self.state.regs = regs_of(&self.sync);
             self.state.paging = paging_of(&self.sync);
             if !precise {
-                self.feed_cycles(ran);
+                self.feed_cycles(ran, on_cpu);
             }
             self.activity = match &exit {
                 Exit::Rdmsr { .. } | Exit::Wrmsr { .. } => VmmActivity::MsrAccess,
@@ -543,7 +612,12 @@ impl<'a, P: Personality> Runner<'a, P> {
                     }
                     port::YIELD if slice.is_some() => {
                         self.check_pmi()?;
-                        return Ok(false);
+                        // A vCPU whose page holds the pCPU's sample does not give the pCPU
+                        // up (as a hypervisor's block returns at once with an event pending):
+                        // it takes the VIRQ at its next entry.
+                        if !self.reads_frozen_sample() {
+                            return Ok(false);
+                        }
                     }
                     port::CONTROL => {
                         self.handler = if value == 1 {
@@ -593,6 +667,14 @@ impl<'a, P: Personality> Runner<'a, P> {
             }
             self.check_pmi()?;
         }
+    }
+
+    /// Whether this pCPU's system-wide counters (all mode) are stopped with their sample
+    /// cached in this vCPU's page: until it flushes, nothing counts on the pCPU.
+    pub(super) fn reads_frozen_sample(&self) -> bool {
+        self.cpu.as_ref().is_some_and(|cpu| {
+            matches!(cpu.pmu.system(), SystemContext::Cached { profiler, .. } if *profiler == self.me)
+        })
     }
 
     /// The guest's execution mode at the last exit.

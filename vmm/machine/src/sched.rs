@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::runner::{Runner, ThreadKick};
+use vpmu::SystemContext;
+
+use super::runner::{Runner, SLICE_TIME, Slice, ThreadKick};
 use super::{Pcpu, PmiRecord, RunResult};
 use crate::error::MachineError;
 use crate::personality::Personality;
@@ -14,6 +16,12 @@ use crate::personality::Personality;
 /// Exits per time slice: small, so that the switches land inside the measured loops (a
 /// single-stepped instruction is one exit).
 pub(super) const SLICE_EXITS: u64 = 7;
+
+/// A whole slice.
+const FULL_SLICE: Slice = Slice {
+    exits: SLICE_EXITS,
+    time: SLICE_TIME,
+};
 
 /// Runs `runners` (all on pCPU `cpu`, which this thread is) alternately until each writes its
 /// exit status, fails, or `timeout` passes; with `finish_with`, until those domains' vCPUs
@@ -54,15 +62,21 @@ pub(super) fn run_shared<P: Personality>(
     };
     kick.register(pcpu);
     // Round robin; a boosted vCPU runs out of turn without moving the rotation, so that the
-    // profiler's wake-ups do not starve the vCPUs after it.
+    // profiler's wake-ups do not starve the vCPUs after it, and the vCPUs it preempted then
+    // finish their slices (latest first), so that the samples do not shape the schedule.
     let mut rotation = 0;
     let mut boosted: Option<usize> = None;
+    let mut preempted: Vec<usize> = Vec::new();
     while done.iter().zip(&required).any(|(&d, &r)| r && !d) {
-        let i = boosted.take().unwrap_or_else(|| {
-            let i = rotation;
-            rotation = (rotation + 1) % runners.len();
-            i
-        });
+        let i = boosted
+            .take()
+            .or_else(|| preempted.pop())
+            .unwrap_or_else(|| {
+                let i = rotation;
+                rotation = (rotation + 1) % runners.len();
+                i
+            });
+        let budget = runners[i].preempted.take().unwrap_or(FULL_SLICE);
         if done[i] {
             continue;
         }
@@ -78,10 +92,11 @@ pub(super) fn run_shared<P: Personality>(
                 call: "context_switch",
                 error,
             })
-            .and_then(|()| {
-                runner.run_loop(timeout, start, &mut results[i], &kick, Some(SLICE_EXITS))
-            });
+            .and_then(|()| runner.run_loop(timeout, start, &mut results[i], &kick, Some(budget)));
         cpu = runner.cpu.take();
+        if runner.preempted.is_some() && !preempted.contains(&i) {
+            preempted.push(i);
+        }
         match slice {
             Ok(finished) => done[i] = finished,
             Err(e) => {
@@ -94,9 +109,16 @@ pub(super) fn run_shared<P: Personality>(
         if done[i] {
             shared.host.unwake(me);
         }
-        let woken = shared
-            .host
-            .first_woken(&group)
+        // First of all the vCPU whose page holds this pCPU's system-wide sample (all mode):
+        // the pCPU's counters are stopped until it flushes, so whoever ran instead would run
+        // uncounted (its own slice does not end while it holds one; this covers the rest).
+        let reader = cpu.as_ref().and_then(|c| match c.pmu.system() {
+            SystemContext::Cached { profiler, .. } => Some(*profiler),
+            _ => None,
+        });
+        let woken = reader
+            .filter(|r| group.contains(r))
+            .or_else(|| shared.host.first_woken(&group))
             .and_then(|w| runners.iter().position(|r| r.me == w));
         if let Some(w) = woken.filter(|&w| !done[w]) {
             boosted = Some(w);
@@ -123,6 +145,7 @@ pub(super) fn run_shared<P: Personality>(
         result.pmis = runner.state.pmis;
         result.vcpu = Some(runner.me);
         result.guest_ns = runner.run_ns;
+        result.halted_ns = runner.halted_ns;
         result.pmi_contexts.clone_from(&runner.state.pmi_contexts);
     }
     (results, log)

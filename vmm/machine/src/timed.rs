@@ -16,10 +16,17 @@ use crate::error::Result;
 use crate::personality::Personality;
 
 impl<P: Personality> Runner<'_, P> {
-    /// Timed mode: the vCPU ran for `ran`; feed the cycles (exact over time: the fractional
-    /// remainder carries over).
-    pub(super) fn feed_cycles(&mut self, ran: Duration) {
-        self.run_ns += ran.as_nanos();
+    /// Timed mode: `KVM_RUN` lasted `ran` of wall time, of which the thread was on a CPU for
+    /// `on_cpu`; feed the cycles of the time the vCPU ran: not the time the host ran other
+    /// threads, nor the time it was halted (unhalted cycles: a `hlt` counts nothing; the
+    /// halt-polling host spins on the CPU for the halted vCPU), exact over time (the
+    /// fractional remainder carries over). The same time is the vCPU's CPU time
+    /// (`RunResult::guest_ns`), so samples and CPU time have one measure.
+    pub(super) fn feed_cycles(&mut self, ran: Duration, on_cpu: Duration) {
+        let halted = self.halted_during_run(ran);
+        self.halted_ns += halted.as_nanos();
+        self.halted_in_run = !halted.is_zero();
+        self.run_ns += (ran - halted).min(on_cpu).as_nanos();
         let total = (self.run_ns * u128::from(self.tsc_khz) / 1_000_000) as u64;
         let cycles = total - self.fed_cycles;
         self.fed_cycles = total;
@@ -30,6 +37,14 @@ impl<P: Personality> Runner<'_, P> {
         let model = self.model();
         model.count(HwEvent::CoreCycles, cycles, mode);
         model.count(HwEvent::RefCycles, cycles, mode);
+    }
+
+    /// How much of the last `KVM_RUN`, which lasted `ran`, the vCPU spent halted (KVM's
+    /// statistics, `HaltClock`; zero where they are not available).
+    fn halted_during_run(&mut self, ran: Duration) -> Duration {
+        self.halt.as_mut().map_or(Duration::ZERO, |c| {
+            Duration::from_nanos(c.halted_since()).min(ran)
+        })
     }
 
     /// hv mode: the VMM's own time between two runs of the privileged profiler's vCPU, fed
