@@ -2,15 +2,19 @@
 //!
 //! The cloud-hypervisor pattern: a no-op-ish `SIGRTMIN` handler sets `kvm_run.immediate_exit`
 //! through a thread-local pointer, so a kick that lands while the thread is in user space
-//! still makes the next `KVM_RUN` return `EINTR` at once; a kicker thread per vCPU sleeps until
-//! the deadline the vCPU thread last armed and then signals it. Other threads kick a vCPU thread
-//! through its [`KickTarget`] (a cross-CPU request for the pCPU that thread is).
+//! still makes the next `KVM_RUN` return `EINTR` at once. The deadline is a POSIX timer of the
+//! vCPU thread itself (`timer_create` with `SIGEV_THREAD_ID`): the kernel's high-resolution
+//! timer signals the thread from the interrupt on the CPU it runs on, so the kick lands within
+//! microseconds of the deadline whatever else the host runs. (A kicker thread that sleeps until
+//! the deadline must itself be scheduled first: 170–270 µs late on this host, milliseconds
+//! under load, and the guest runs on all that time past its counter's overflow.) Other threads
+//! kick a vCPU thread through its [`KickTarget`] (a cross-CPU request for the pCPU that thread
+//! is).
 
 use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::Once;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use kvm_bindings::kvm_run;
@@ -33,16 +37,17 @@ extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
     }
 }
 
-/// The kicker of the calling vCPU thread.
+/// The kicker of the calling vCPU thread: its deadline timer. Not `Send`: the timer signals
+/// the thread that made it.
 #[derive(Debug)]
 pub struct Kick {
-    tx: Option<Sender<Option<Instant>>>,
-    kicker: Option<JoinHandle<()>>,
+    timer: libc::timer_t,
+    _thread_bound: PhantomData<*const ()>,
 }
 
 impl Kick {
     /// Installs the signal handler (once per process), records `run` as this thread's
-    /// `kvm_run` and starts the kicker thread aimed at the calling thread.
+    /// `kvm_run` and creates the deadline timer aimed at the calling thread.
     pub fn new(run: *mut kvm_run) -> Result<Self, MachineError> {
         static HANDLER: Once = Once::new();
         let mut error = None;
@@ -54,32 +59,22 @@ impl Kick {
         if let Some(e) = error {
             return Err(e);
         }
+        // SAFETY: an all-zero sigevent is valid; the fields that matter are set below.
+        let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
+        event.sigev_notify = libc::SIGEV_THREAD_ID;
+        event.sigev_signo = SIGRTMIN();
+        // SAFETY: gettid has no preconditions.
+        event.sigev_notify_thread_id = unsafe { libc::gettid() };
+        let mut timer: libc::timer_t = std::ptr::null_mut();
+        // SAFETY: both pointers are valid for the call; the timer is deleted in `drop`.
+        if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &raw mut event, &raw mut timer) } != 0
+        {
+            return Err(MachineError::KickHandler(vmm_sys_util::errno::Error::last()));
+        }
         KVM_RUN.with(|c| c.set(run));
-        // SAFETY: pthread_self has no preconditions.
-        let target = unsafe { libc::pthread_self() };
-        let (tx, rx) = mpsc::channel::<Option<Instant>>();
-        let kicker = std::thread::spawn(move || {
-            let mut deadline: Option<Instant> = None;
-            loop {
-                let message = match deadline {
-                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                    Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
-                };
-                match message {
-                    Ok(new) => deadline = new,
-                    Err(RecvTimeoutError::Timeout) => {
-                        // SAFETY: `target` is the vCPU thread, alive until `Kick::drop` (on that
-                        // thread) has joined this one.
-                        unsafe { libc::pthread_kill(target, SIGRTMIN()) };
-                        deadline = None;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            }
-        });
         Ok(Self {
-            tx: Some(tx),
-            kicker: Some(kicker),
+            timer,
+            _thread_bound: PhantomData,
         })
     }
 
@@ -90,11 +85,32 @@ impl Kick {
         KVM_RUN.with(|c| c.set(run));
     }
 
-    /// Kick at `deadline` (None: cancel).
+    /// Kick at `deadline` (None: cancel; a deadline already past kicks at once).
     pub fn arm(&self, deadline: Option<Instant>) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(deadline);
-        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // An all-zero it_value disarms: a deadline that has passed is 1 ns away.
+        let (sec, nsec) = left.map_or((0, 0), |l| {
+            if l.is_zero() {
+                (0, 1)
+            } else {
+                (
+                    l.as_secs() as libc::time_t,
+                    libc::c_long::from(l.subsec_nanos()),
+                )
+            }
+        });
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: sec,
+                tv_nsec: nsec,
+            },
+        };
+        // SAFETY: the timer lives until `drop`; `spec` is valid for the call.
+        unsafe { libc::timer_settime(self.timer, 0, &raw const spec, std::ptr::null_mut()) };
     }
 }
 
@@ -152,12 +168,10 @@ impl KickTarget {
 
 impl Drop for Kick {
     fn drop(&mut self) {
-        // Disconnect, wait for the kicker (a kick in flight lands on this live thread), then
-        // forget the kvm_run page.
-        self.tx = None;
-        if let Some(kicker) = self.kicker.take() {
-            let _ = kicker.join();
-        }
+        // Delete the timer (a signal already sent lands on this live thread, whose handler
+        // is installed for the process), then forget the kvm_run page.
+        // SAFETY: the timer was created by `new` and is deleted once.
+        unsafe { libc::timer_delete(self.timer) };
         KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
     }
 }
