@@ -18,7 +18,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use vpmu_coverage as coverage;
 use vpmu_machine::kvm;
 use vpmu_profile as profile;
@@ -183,8 +184,18 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl ProfileArgs {
-    /// The library's options; the checks clap cannot express (the number of `--guest`s).
-    fn options(self) -> Result<profile::Options, clap::Error> {
+    /// The library's options; the checks clap cannot express (the number of `--guest`s, the
+    /// combinations that cannot work: `given` tells whether an option was on the command
+    /// line).
+    fn options(self, given: &dyn Fn(&str) -> bool) -> Result<profile::Options, clap::Error> {
+        let conflict = |message: String| Cli::command().error(ErrorKind::ArgumentConflict, message);
+        if self.sweep && (given("mode") || given("frequency")) {
+            return Err(conflict(
+                "--sweep runs all and self mode at 1, 4 and 10 kHz: it takes no --mode or \
+                 --frequency"
+                    .into(),
+            ));
+        }
         if self.guests.len() > profile::MAX_GUESTS {
             return Err(Cli::command().error(
                 ErrorKind::TooManyValues,
@@ -195,7 +206,7 @@ impl ProfileArgs {
                 ),
             ));
         }
-        Ok(profile::Options {
+        let options = profile::Options {
             duration: self.duration,
             frequency: self.frequency,
             mode: match self.mode {
@@ -215,7 +226,11 @@ impl ProfileArgs {
             compare: !self.no_compare,
             sweep: self.sweep,
             progress: !self.quiet,
-        })
+        };
+        match options.conflicts().into_iter().next() {
+            Some(c) => Err(conflict(c)),
+            None => Ok(options),
+        }
     }
 }
 
@@ -298,12 +313,17 @@ fn usage_error(e: &clap::Error) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let matches = match Cli::command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => return usage_error(&e),
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    let given = |id: &str| given_to_profile(&matches, id);
     match cli.command {
-        Command::Profile(args) => match args.options() {
+        Command::Profile(args) => match args.options(&given) {
             Ok(options) => profile_command(&options),
             Err(e) => usage_error(&e),
         },
@@ -379,6 +399,14 @@ fn suite_command(vendor: selftest::VendorChoice, verbose: Option<bool>) -> ExitC
     }
 }
 
+/// Whether `vpmu profile`'s option `id` was on the command line (not its default).
+fn given_to_profile(matches: &clap::ArgMatches, id: &str) -> bool {
+    matches
+        .subcommand_matches("profile")
+        .and_then(|m| m.value_source(id))
+        == Some(ValueSource::CommandLine)
+}
+
 /// `vpmu profile`: 0 if every built-in check passed, 1 if one failed or the run broke.
 fn profile_command(options: &profile::Options) -> ExitCode {
     let kvm = match kvm_for("profile") {
@@ -424,8 +452,12 @@ mod tests {
     }
 
     fn profile_options(args: &str) -> Result<profile::Options, clap::Error> {
-        match parse(&format!("profile {args}"))?.command {
-            Command::Profile(p) => p.options(),
+        let words = ["vpmu", "profile"]
+            .into_iter()
+            .chain(args.split_whitespace());
+        let matches = Cli::command().try_get_matches_from(words)?;
+        match Cli::from_arg_matches(&matches)?.command {
+            Command::Profile(p) => p.options(&|id| given_to_profile(&matches, id)),
             other => panic!("not profile: {other:?}"),
         }
     }
@@ -452,9 +484,10 @@ mod tests {
 
     #[test]
     fn profile_options_parse() {
+        // (Guests that cannot be read are the run's to report, not a conflict.)
         let o = profile_options(
             "--duration 1.5 --frequency 4000 --mode hv --vendor amd --out /tmp/x --top 3 \
-             --quiet --vcpus 3 --pcpus 1 --no-compare --sweep --guest a.elf --guest b.elf",
+             --quiet --vcpus 3 --pcpus 1 --no-compare --guest a.elf --guest b.elf",
         )
         .expect("valid");
         assert_eq!(o.duration, Duration::from_millis(1500));
@@ -462,12 +495,73 @@ mod tests {
             (o.mode, o.vendor, o.frequency, o.top, o.vcpus, o.pcpus),
             (profile::run::Mode::Hv, profile::Vendor::Amd, 4000, 3, 3, 1)
         );
-        assert!(!o.progress && !o.compare && o.sweep);
+        assert!(!o.progress && !o.compare && !o.sweep);
         assert_eq!(o.guests, [PathBuf::from("a.elf"), PathBuf::from("b.elf")]);
+        let sweep = profile_options("--sweep --duration 1 --vendor amd").expect("sweep");
+        assert!(sweep.sweep);
         assert_eq!(
             profile_options("--mode self").expect("self").mode,
             profile::run::Mode::SelfOnly
         );
+    }
+
+    #[test]
+    fn combinations_that_cannot_work_are_refused_on_one_line_each() {
+        // A guest without profile_config (passive) and one with it (a profile guest).
+        let dir = std::env::temp_dir().join(format!("vpmu-cli-conflicts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let passive = dir.join("example.elf");
+        std::fs::write(&passive, vpmu_guests::EXAMPLE).expect("write example.elf");
+        let taking_part = dir.join("work.elf");
+        std::fs::write(&taking_part, vpmu_guests::WORK).expect("write work.elf");
+        let (passive, taking_part) = (passive.display(), taking_part.display());
+        for (bad, says) in [
+            (
+                format!("--sweep --guest {passive}"),
+                "--sweep measures the built-in workloads' slowdown".to_string(),
+            ),
+            (
+                "--sweep --mode self".into(),
+                "--sweep runs all and self mode at 1, 4 and 10 kHz: it takes no --mode or \
+                 --frequency"
+                    .into(),
+            ),
+            (
+                "--sweep --frequency 2000".into(),
+                "it takes no --mode or --frequency".into(),
+            ),
+            (
+                format!("--mode self --guest {passive}"),
+                format!(
+                    "--guest {passive} has no profile_config: it can only be profiled \
+                     passively (--mode all), not sample itself in --mode self"
+                ),
+            ),
+            (
+                format!("--mode hv --guest {taking_part} --guest {passive}"),
+                "not sample itself in --mode hv".into(),
+            ),
+        ] {
+            let e = profile_options(&bad).expect_err(&bad);
+            assert_eq!(e.exit_code(), 2, "{bad}");
+            let text = e.render().to_string();
+            assert!(text.contains(&says), "{bad}: {text}");
+            assert_eq!(
+                text.lines().next().map(|l| l.contains(&says)),
+                Some(true),
+                "{text}"
+            );
+        }
+        // What does work: passive guests in all mode, guests that take part in any mode,
+        // and the sweep's own options.
+        for good in [
+            format!("--guest {passive}"),
+            format!("--mode self --guest {taking_part}"),
+            "--sweep --duration 1 --vendor amd --pcpus 1".into(),
+        ] {
+            profile_options(&good).expect(&good);
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

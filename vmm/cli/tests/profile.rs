@@ -187,10 +187,15 @@ fn user_guests() {
     let checks = check_names(&doc);
     assert_eq!(
         checks.len(),
-        1,
-        "only attribution without the built-in workloads: {checks:?}"
+        2,
+        "only attribution and fairness without the built-in workloads: {checks:?}"
     );
-    assert!(checks[0].1, "{checks:?}");
+    assert!(
+        checks[0].0.starts_with("attribution") && checks[0].1,
+        "{checks:?}"
+    );
+    assert!(checks[1].0.starts_with("fairness"), "{checks:?}");
+    assert!(check_failed(&doc).is_none(), "{checks:?}");
     for d in [1, 2] {
         let dom = domain(&doc, &serde_json::json!({ "Domain": d }));
         assert_eq!(dom["name"], "example.elf", "{dom}");
@@ -204,12 +209,84 @@ fn user_guests() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// The first check of `doc` that failed (made and did not hold), if any.
+fn check_failed(doc: &serde_json::Value) -> Option<String> {
+    doc["report"]["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["passed"] == false && c["skipped"] != true)
+        .map(|c| format!("{} — {}", c["name"], c["detail"]))
+}
+
+/// Fairness in every mode at 2 kHz and at the highest frequency: each workload domain's share
+/// of the samples within ±5 points of its share of CPU time, both from the same run, so a
+/// loaded host slows the run but does not bias the comparison. The check must be made (at
+/// least `MIN_FAIRNESS_SAMPLES` samples: the durations leave room for a slow, loaded host) and
+/// hold.
+fn fairness_in_every_mode() {
+    let max = vpmu_profile::MAX_FREQUENCY.to_string();
+    for (mode, frequency) in [
+        ("all", "2000"),
+        ("all", max.as_str()),
+        ("hv", "2000"),
+        ("hv", max.as_str()),
+        ("self", "2000"),
+        ("self", max.as_str()),
+    ] {
+        let out = out_dir(&format!("fair-{mode}-{frequency}"));
+        let args = [
+            "--mode",
+            mode,
+            "--frequency",
+            frequency,
+            "--duration",
+            "4",
+            "--no-compare",
+        ];
+        let Some((doc, _)) = profile(&args, &out) else {
+            return;
+        };
+        let checks = doc["report"]["checks"].as_array().expect("checks");
+        let fairness = checks
+            .iter()
+            .find(|c| {
+                c["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("fairness"))
+            })
+            .expect("a fairness check");
+        eprintln!("{mode} {frequency} Hz: {}", fairness["detail"]);
+        assert_eq!(
+            fairness["passed"], true,
+            "{mode} {frequency} Hz: {fairness}"
+        );
+        assert!(check_failed(&doc).is_none(), "{:?}", check_failed(&doc));
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+/// A short profile is not a failed one: the checks without enough samples say so (SKIP) and
+/// the run exits 0.
+fn short_run_skips_what_it_cannot_check() {
+    let out = out_dir("short");
+    let Some((doc, stdout)) = profile(&["--duration", "0.5"], &out) else {
+        return;
+    };
+    assert!(check_failed(&doc).is_none(), "{:?}", check_failed(&doc));
+    assert!(stdout.contains("SKIP "), "{stdout}");
+    assert!(stdout.contains("not enough samples ("), "{stdout}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// One after the other: two profiles competing for the host's CPUs would skew both.
 #[test]
 fn profile_end_to_end() {
     default_all_mode();
     hv_mode_amd();
     user_guests();
+    fairness_in_every_mode();
+    short_run_skips_what_it_cannot_check();
 }
 
 #[test]

@@ -114,7 +114,44 @@ pub const MAX_VCPUS: u32 = 8;
 /// The most pCPUs (host threads); the profiling domain has one vCPU per pCPU.
 pub const MAX_PCPUS: u32 = 8;
 
+/// Whether `image` takes part in the profile protocol (has a `profile_config`): a guest without
+/// one cannot sample itself and is profiled passively.
+fn takes_part(image: &[u8]) -> bool {
+    matches!(
+        Symbols::address_of(image, protocol::CONFIG_SYMBOL),
+        Ok(Some(_))
+    )
+}
+
 impl Options {
+    /// The combinations of options that cannot work, refused before anything runs: one line
+    /// each, naming the options. An unreadable `--guest` is not refused here (the run reports
+    /// it).
+    pub fn conflicts(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.sweep && !self.guests.is_empty() {
+            out.push(
+                "--sweep measures the built-in workloads' slowdown from their own progress \
+                 counters: it takes no --guest"
+                    .to_string(),
+            );
+        }
+        if self.mode != Mode::All {
+            for path in &self.guests {
+                let passive = std::fs::read(path).is_ok_and(|image| !takes_part(&image));
+                if passive {
+                    out.push(format!(
+                        "--guest {} has no profile_config: it can only be profiled passively \
+                         (--mode all), not sample itself in --mode {}",
+                        path.display(),
+                        self.mode.name()
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// The workload domains: the built-in ones, or the user's images.
     fn workloads(&self) -> Result<Vec<DomainPlan>, ProfileError> {
         if self.guests.is_empty() {
