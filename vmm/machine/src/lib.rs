@@ -630,6 +630,7 @@ impl<P: Personality> Machine<P> {
             preempted: None,
             halted_ns: 0,
             halted_in_run: false,
+            halted_at_entry: false,
         });
         let mut results = if shared_layout {
             Self::run_pcpus(runners.collect(), pcpus, timeout, finish_with.as_deref())

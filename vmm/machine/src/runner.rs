@@ -65,8 +65,9 @@ pub(super) struct Runner<'a, P: Personality> {
     /// nanoseconds it spent halted inside `KVM_RUN` so far.
     pub(super) halt: Option<HaltClock>,
     pub(super) halted_ns: u128,
-    /// The vCPU was halted in its last `KVM_RUN`.
+    /// The vCPU was halted in its last `KVM_RUN`; it was still halted at that run's exit.
     pub(super) halted_in_run: bool,
+    pub(super) halted_at_entry: bool,
 }
 
 /// A runner's view for one call into the core: the platform, its pCPU's parts, the shared

@@ -22,11 +22,25 @@ impl<P: Personality> Runner<'_, P> {
     /// halt-polling host spins on the CPU for the halted vCPU), exact over time (the
     /// fractional remainder carries over). The same time is the vCPU's CPU time
     /// (`RunResult::guest_ns`), so samples and CPU time have one measure.
+    ///
+    /// A run that began and ended with the vCPU halted (a guest parked in `hlt`, brought out
+    /// by the VMM's kick) executed nothing at all: what is left of it after the halted time is
+    /// KVM's entry and exit, not the guest's, and feeds nothing (else a parked guest would
+    /// collect samples at the instruction after its `hlt`).
     pub(super) fn feed_cycles(&mut self, ran: Duration, on_cpu: Duration) {
         let halted = self.halted_during_run(ran);
-        self.halted_ns += halted.as_nanos();
         self.halted_in_run = !halted.is_zero();
-        self.run_ns += (ran - halted).min(on_cpu).as_nanos();
+        // Only a run with halted time can end halted (one KVM_GET_MP_STATE then).
+        let halted_now = self.halted_in_run && self.vcpu_halted();
+        let parked = halted_now && self.halted_at_entry;
+        self.halted_at_entry = halted_now;
+        let unhalted = if parked {
+            Duration::ZERO
+        } else {
+            (ran - halted).min(on_cpu)
+        };
+        self.halted_ns += (ran - unhalted).as_nanos();
+        self.run_ns += unhalted.as_nanos();
         let total = (self.run_ns * u128::from(self.tsc_khz) / 1_000_000) as u64;
         let cycles = total - self.fed_cycles;
         self.fed_cycles = total;
@@ -45,6 +59,14 @@ impl<P: Personality> Runner<'_, P> {
         self.halt.as_mut().map_or(Duration::ZERO, |c| {
             Duration::from_nanos(c.halted_since()).min(ran)
         })
+    }
+
+    /// Whether the vCPU is halted now (between runs: it would block in the next one).
+    fn vcpu_halted(&self) -> bool {
+        self.vcpu
+            .fd
+            .get_mp_state()
+            .is_ok_and(|s| s.mp_state == kvm_bindings::KVM_MP_STATE_HALTED)
     }
 
     /// hv mode: the VMM's own time between two runs of the privileged profiler's vCPU, fed
