@@ -36,7 +36,9 @@ static void timed_cycles_track_tsc(void) {
     puts("\n");
     report("cycles counted while running", c > 0);
     report("cycles <= TSC delta of the window", c <= dt);
-    report("cycles >= 50% of the TSC delta (the loop has no exits)", c >= dt / 2);
+    /* Unhalted cycles count while the vCPU runs; the TSC also while the host runs other
+     * threads on a loaded machine, so only a loose bound is load-independent. */
+    report("cycles >= 1% of the TSC delta (the loop has no exits)", c >= dt / 100);
     u64 ins = count_gp(1, ev_instructions() | OS | EN, N);
     report_val("instructions do not count under the timed source", ins == 0, ins, 0);
     if (intel) {
