@@ -17,10 +17,7 @@ u64 w1_main(u64 deadline);
 u64 w2_main(u64 deadline);
 u64 w3_main(u64 deadline);
 
-/* Between two chunks a sampling vCPU ships its batch when half full (64 of 128 samples): a
- * chunk must hold fewer than 64 samples even at the highest frequency (20 kHz x ~2 ms of TSC
- * ticks = 40), or the batch fills inside it and samples are lost. */
-#define CHUNK_TICKS 5000000ul
+#define CHUNK_TICKS 50000000ul
 static u8 work_stack[MAX_CPUS][16384] __attribute__((aligned(16)));
 
 int main(u64 arg, u64 domain) {
