@@ -211,7 +211,8 @@ pub const MIN_FAIRNESS_SAMPLES: u64 = 1000;
 pub struct DomainShare {
     /// The domain.
     pub domain: u32,
-    /// Its samples.
+    /// The samples the vpmu delivered of it (the VMM's record; attribution checks that
+    /// they are the samples shipped).
     pub samples: u64,
     /// Its CPU time (nanoseconds in `KVM_RUN`, the VMM's accounting, halted time excluded).
     pub cpu_ns: u128,
@@ -240,11 +241,15 @@ pub fn domain_shares(data: &RunData) -> Vec<DomainShare> {
         };
         shares[i].cpu_ns += r.guest_ns;
     }
-    for s in data.samples() {
-        if let Origin::Domain(d) = s.origin {
-            if let Some(share) = shares.iter_mut().find(|x| x.domain == d) {
-                share.samples += 1;
-            }
+    // The samples the vpmu delivered, by the domain that ran, from the VMM's record: what a
+    // guest lost in its own buffers is attribution's to report, not a bias of the sampling.
+    let log = data.results.first().map_or(&[][..], |r| &r.pmi_log[..]);
+    for r in log
+        .iter()
+        .filter(|r| r.delivered_to.is_some() && !r.hypervisor)
+    {
+        if let Some(share) = shares.iter_mut().find(|x| x.domain == r.running.domain) {
+            share.samples += 1;
         }
     }
     shares.sort_by_key(|s| s.domain);
@@ -253,7 +258,7 @@ pub fn domain_shares(data: &RunData) -> Vec<DomainShare> {
 
 /// Fairness: each workload domain's share of the workload domains' samples within
 /// `FAIRNESS_TOLERANCE_PP` of its share of their CPU time, both from the same run (the
-/// samples from the guests' pages, the CPU time from the VMM's own accounting of `KVM_RUN`).
+/// samples the vpmu delivered and the CPU time, from the VMM's own record and accounting).
 /// The profiler and the hypervisor are left out: in all mode the profiler runs mostly while
 /// its page holds a sample, when the pCPU's counters are frozen by the ABI (the cached
 /// window), and the hypervisor's time is not guest CPU time.
@@ -628,24 +633,29 @@ mod tests {
             guest_ns: ms * 1_000_000,
             ..RunResult::default()
         };
-        let mut d = data(
-            Vec::new(),
-            vec![
-                sample(Origin::Domain(1), 0x1000, true),
-                sample(Origin::Domain(2), 0x1000, true),
-                sample(Origin::Domain(2), 0x1000, true),
-                sample(Origin::Domain(0), 0x1000, false),
-                sample(Origin::Hypervisor, VmmActivityRip::RIP, false),
-            ],
-        );
+        let mut undelivered = record(1, 0x1000, 3, false);
+        undelivered.delivered_to = None;
+        let log = vec![
+            record(1, 0x1000, 3, false),
+            record(2, 0x1000, 3, false),
+            record(2, 0x1000, 3, false),
+            record(0, 0x1000, 0, false),
+            record(2, VmmActivityRip::RIP, 0, true),
+            undelivered,
+        ];
+        let mut d = data(Vec::new(), Vec::new());
         d.results = vec![
-            result(0, 0, 50),
+            RunResult {
+                pmi_log: log,
+                ..result(0, 0, 50)
+            },
             result(1, 0, 100),
             result(1, 1, 150),
             result(2, 0, 300),
             result(2, 1, 200),
         ];
-        // The profiler (domain 0) and the hypervisor are not workload domains.
+        // The profiler (domain 0) and the hypervisor are not workload domains; a PMI the
+        // core did not deliver is no sample.
         assert_eq!(domain_shares(&d), vec![share(1, 1, 250), share(2, 2, 500)]);
     }
 }
