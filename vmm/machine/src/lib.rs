@@ -21,9 +21,10 @@
 //! PMI line goes through `Vpmu::handle_pmi`, which delivers through the guest's LVTPC (or the
 //! shared page and the VIRQ).
 //!
-//! Timed mode: the vCPU runs free; the time each `KVM_RUN` lasted, in TSC ticks (the guest TSC
-//! is the host's here), is fed as core and reference cycles in the mode of the CPL at the exit
-//! (an approximation: a run may span CPLs). Before each entry the model computes after how
+//! Timed mode: the vCPU runs free; the time it ran in each `KVM_RUN` (the thread's CPU time
+//! there, less the time KVM reports it halted: `halt`), in TSC ticks (the guest TSC is the
+//! host's here), is fed as core and reference cycles in the mode of the CPL at the exit (an
+//! approximation: a run may span CPLs). Before each entry the model computes after how
 //! many cycles a PMI would be raised (`SoftwarePmu::cycles_until_pmi`, arithmetic, on the
 //! thread's own model), and the VMM arms a kick for that time. The
 //! interrupted context of a PMI (`Platform::interrupted`) is the sync-regs state at the exit

@@ -1,5 +1,6 @@
 //! The vCPUs of one pCPU (one software PMU model), time-sliced on ONE host thread: round
-//! robin, a slice of `SLICE_EXITS` exits each (timed source: at most `SLICE_TIME`), with
+//! robin, a slice of `SLICE_EXITS` exits each (timed source: `SLICE_TIME` of the thread's CPU
+//! time; a vCPU preempted by a boosted one finishes its slice afterwards), with
 //! `Vpmu::context_switch` at every switch (it saves the outgoing vCPU's counters from the
 //! model and loads the incoming one's). Each VM has its own vCPU fd and `kvm_run` page; the
 //! thread's kicker is pointed at the page of the vCPU it runs.
