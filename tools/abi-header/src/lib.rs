@@ -390,7 +390,8 @@ fn struct_named(rust_name: &str) -> &'static vpmu_abi::layout::StructLayout {
 }
 
 /// The page layout as a Markdown table of absolute offsets: the page's fields, with the header,
-/// identity and registers expanded, and the vendor area shown once per vendor context.
+/// identity, registers and sample details expanded, and the vendor area shown once per vendor
+/// context.
 pub fn page_layout_markdown() -> String {
     let page = struct_named("Page");
     let mut out = String::from("| page offset | size | field |\n|---:|---:|---|\n");
@@ -399,6 +400,7 @@ pub fn page_layout_markdown() -> String {
             "header" => Some(("Header", "header")),
             "identity" => Some(("Identity", "identity")),
             "regs" => Some(("Regs", "regs")),
+            "sample" => Some(("SampleInfo", "sample")),
             _ => None,
         };
         match (nested, field.name) {
