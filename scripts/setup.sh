@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond a Rust toolchain: gcc with 32-bit support, used to
 # compile the C binding at -m32 and -m64, and clang, with which the minicov crate (the
-# `coverage` feature, on under --all-features) builds LLVM's profile runtime. Idempotent; does
-# nothing when both are there.
+# `coverage` feature, on under --all-features) builds LLVM's profile runtime; Linux perf and
+# Go, whose `perf report`/`perf script` and `go tool pprof` the profile tests run on the
+# outputs of `vpmu profile`. Idempotent; does nothing when all are there.
 set -euo pipefail
 
 probe=$(mktemp -d)
@@ -30,4 +31,15 @@ fi
 if ! command -v clang >/dev/null; then
     echo "setup: installing clang (minicov, the coverage feature's runtime, is built with it)" >&2
     install clang
+fi
+
+# `vpmu profile`'s tests open its perf.data with the real perf and its profile.pb.gz with
+# go tool pprof.
+if ! command -v perf >/dev/null || ! perf --version >/dev/null 2>&1; then
+    echo "setup: installing linux-perf (the profile tests read perf.data with perf report/script)" >&2
+    install linux-perf
+fi
+if ! command -v go >/dev/null; then
+    echo "setup: installing golang-go (the profile tests read profile.pb.gz with go tool pprof)" >&2
+    install golang-go
 fi
