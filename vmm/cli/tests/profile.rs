@@ -286,7 +286,9 @@ fn tool_formats() {
         assert!(line.contains(&format!("dom{d}-work.elf")), "{line}");
         let after = &report[report.find(line).expect("the line")..];
         let block: Vec<&str> = after.lines().take(6).collect();
-        let callee_at = block.iter().position(|l| l.trim().ends_with(callee));
+        let callee_at = block
+            .iter()
+            .position(|l| l.trim() == format!("---{callee}"));
         let caller_at = block.iter().position(|l| l.trim() == caller);
         assert!(
             matches!((callee_at, caller_at), (Some(a), Some(b)) if b == a + 1),
@@ -337,7 +339,7 @@ fn tool_formats() {
         let found = traces.split("-----------+").any(|t| {
             let frames: Vec<&str> = t
                 .lines()
-                .filter(|l| !l.contains(':'))
+                .filter(|l| !l.contains(':') && !l.trim_start().starts_with('-'))
                 .filter_map(|l| l.split_whitespace().last())
                 .collect();
             t.contains(&format!("domain:  dom{d}"))

@@ -323,13 +323,11 @@ pub fn pprof(
             ],
         });
     }
-    let time_nanos = samples
-        .iter()
-        .filter_map(|s| s.details.time_ns())
-        .min()
-        .unwrap_or(0);
-    let comment = strings
-        .intern("vpmu profile: domains are processes; time_nanos is host TSC time, not the epoch");
+    // time_nanos is wall-clock time since the epoch; the samples' clock is the host TSC, so
+    // it stays unset (perf.data and samples.jsonl carry each sample's TSC time).
+    let comment = strings.intern(
+        "vpmu profile: label `domain` names the domain; sample times are in perf.data and samples.jsonl",
+    );
     pprof::Profile {
         period_type: Some(pprof::ValueType {
             r#type: strings.intern(EVENT),
@@ -340,7 +338,7 @@ pub fn pprof(
         mapping: mappings,
         location: locations,
         function: functions,
-        time_nanos: time_nanos as i64,
+        time_nanos: 0,
         duration_nanos: duration_ns as i64,
         period: period as i64,
         comment: vec![comment],
