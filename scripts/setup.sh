@@ -2,9 +2,10 @@
 # Installs what the tests need beyond a Rust toolchain: gcc and g++ with 32-bit support, used
 # to compile the C binding as C11 and C++11 at -m32 and -m64; Debian's kernel headers
 # (linux-headers-amd64, which pulls the gcc the kernel was built with), against which a kernel
-# module including the binding is built; and clang, with which the minicov crate (the
-# `coverage` feature, on under --all-features) builds LLVM's profile runtime. Idempotent; does
-# nothing when all are there.
+# module including the binding is built; clang, with which the minicov crate (the `coverage`
+# feature, on under --all-features) builds LLVM's profile runtime; Linux perf and Go, whose
+# `perf report`/`perf script` and `go tool pprof` the profile tests run on the outputs of
+# `vpmu profile`. Idempotent; does nothing when all are there.
 set -euo pipefail
 
 probe=$(mktemp -d)
@@ -45,4 +46,15 @@ fi
 if ! command -v clang >/dev/null; then
     echo "setup: installing clang (minicov, the coverage feature's runtime, is built with it)" >&2
     install clang
+fi
+
+# `vpmu profile`'s tests open its perf.data with the real perf and its profile.pb.gz with
+# go tool pprof.
+if ! command -v perf >/dev/null || ! perf --version >/dev/null 2>&1; then
+    echo "setup: installing linux-perf (the profile tests read perf.data with perf report/script)" >&2
+    install linux-perf
+fi
+if ! command -v go >/dev/null; then
+    echo "setup: installing golang-go (the profile tests read profile.pb.gz with go tool pprof)" >&2
+    install golang-go
 fi

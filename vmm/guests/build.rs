@@ -79,6 +79,10 @@ const CFLAGS: &[&str] = &[
     "-mgeneral-regs-only",
     "-mno-red-zone",
     "-O2",
+    // Frame pointers in every function, leaves included: the hypervisor walks a sample's call
+    // chain through them (ABI 1.2), as perf does without DWARF.
+    "-fno-omit-frame-pointer",
+    "-mno-omit-leaf-frame-pointer",
     "-fno-stack-protector",
     "-fcf-protection=none",
     "-fno-asynchronous-unwind-tables",

@@ -104,6 +104,15 @@ pub mod profile {
         BATCH_HEADER_SIZE: usize = 32;
         /// Bytes of `struct batch_sample` before its `xenpmu_regs`.
         BATCH_SAMPLE_IDENTITY_SIZE: usize = 16;
+        /// Bytes of `struct batch_sample`'s sample details after its `xenpmu_regs` and before
+        /// its call chain: the page's `sample` fields `tsc`, `tsc_khz`, `sequence`,
+        /// `overflowed`, `chain_len` and `chain_end` (ABI 1.2), as read.
+        BATCH_SAMPLE_DETAILS_SIZE: usize = 40;
+        /// Entries of `struct batch_sample`'s call chain: the ABI's `XENPMU_CALLCHAIN_MAX`.
+        /// Only the first `chain_len` are copied; the rest are stale and not read.
+        BATCH_CHAIN_MAX: usize = 64;
+        /// Bytes of one `struct batch_sample`: identity, registers, details and chain.
+        BATCH_SAMPLE_SIZE: usize = 736;
     }
 }
 
@@ -264,7 +273,7 @@ mod tests {
             assert!(h.contains(&line), "missing {line}in\n{h}");
             n += 1;
         }
-        assert_eq!(n, 33);
+        assert_eq!(n, 36);
         // Spot checks of names and values the guests use.
         for line in [
             "#define PORT_CONSOLE 0xe9",
