@@ -428,7 +428,7 @@ fn judge(
     let s = &rep.switch_accesses;
     if !s.is_empty() {
         out.figures.push(format!(
-            "MSR accesses per inner switch (save + load, traced by the VMM): {}..{}, mean {:.1} over {} switches",
+            "MSR accesses per inner switch that touched the hardware (saves and/or loads, traced by the VMM): {}..{}, mean {:.1} over {} switches",
             s.iter().min().unwrap_or(&0),
             s.iter().max().unwrap_or(&0),
             s.iter().sum::<u64>() as f64 / s.len() as f64,
@@ -452,8 +452,8 @@ fn judge(
     ));
     for (i, r) in results.iter().enumerate() {
         for line in r.console.lines() {
-            if line.starts_with("RING0 ") {
-                let what = line[6..].trim_start_matches("figure: ");
+            if let Some(rest) = line.strip_prefix("RING0 ") {
+                let what = rest.trim_start_matches("figure: ");
                 out.figures.push(format!("vCPU {i}: {what}"));
             }
             out.console += &format!("[vcpu{i}] {line}\n");
