@@ -347,6 +347,13 @@ pub trait GuestPorts: Send + Sync {
     /// `outl(port, value)` by `access.vcpu`. Ports the extension does not know are ignored
     /// (`Ok`), as the machine ignores unknown ports.
     fn out(&self, access: PortAccess<'_>, port: u16, value: u32) -> Result<(), String>;
+
+    /// A PMU MSR exit of `access.vcpu` (RDMSR, or WRMSR of `Some(value)`), before the vpmu
+    /// answers it: which vCPU each access came from, for consumers that check where a guest's
+    /// accesses land (`vpmu-ring0`). The default ignores it.
+    fn msr(&self, access: PortAccess<'_>, msr: u32, write: Option<u64>) {
+        let _ = (access, msr, write);
+    }
 }
 
 /// How the vCPUs of a run map to domains, host threads and pCPUs.

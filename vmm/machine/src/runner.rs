@@ -507,6 +507,7 @@ impl<'a, P: Personality> Runner<'a, P> {
                 }
                 Exit::Rdmsr { index, data, error } => {
                     result.msr_exits += 1;
+                    self.observe_msr(index, None);
                     self.next_rip = self.sync.regs.rip;
                     let t = Instant::now();
                     let value = self.rdmsr(index);
@@ -526,6 +527,7 @@ impl<'a, P: Personality> Runner<'a, P> {
                     error,
                 } => {
                     result.msr_exits += 1;
+                    self.observe_msr(index, Some(value));
                     self.next_rip = self.sync.regs.rip;
                     let t = Instant::now();
                     let ok = self.wrmsr(index, value);
@@ -592,6 +594,17 @@ impl<'a, P: Personality> Runner<'a, P> {
                 Exit::Other(what) => return Err(MachineError::UnexpectedExit(what)),
             }
             self.check_pmi()?;
+        }
+    }
+
+    /// Tells the consumer's extension, if any, of a PMU MSR exit of this vCPU.
+    fn observe_msr(&self, msr: u32, write: Option<u64>) {
+        if let Some(extension) = self.extension {
+            let access = PortAccess {
+                vcpu: self.me,
+                memory: &self.vm.mem,
+            };
+            extension.msr(access, msr, write);
         }
     }
 
