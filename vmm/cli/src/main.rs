@@ -126,7 +126,12 @@ struct BootArgs {
     )]
     timeout: u64,
     /// Arguments for the guest's command line, after the image's file name (QEMU's -append).
-    #[arg(long, value_name = "ARGS", default_value = "", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        value_name = "ARGS",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
     append: String,
 }
 
