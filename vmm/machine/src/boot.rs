@@ -6,7 +6,7 @@
 //!   EBX = the GPA of the multiboot information block ([`INFO_GPA`]: `mem_lower`/`mem_upper`
 //!   and the command line). The image builds its own GDT, page tables and IDT.
 //! * RAM: `BootOptions::mem_size` from GPA 0 (256 MiB by default).
-//! * Devices ([`PcDevices`]): COM1 at 0x3f8 (a 16550 whose transmitter is always empty; the
+//! * Devices (`PcDevices`): COM1 at 0x3f8 (a 16550 whose transmitter is always empty; the
 //!   bytes written to THR are the console), isa-debug-exit at 0xf4 (the run ends with the
 //!   value written as the guest's exit code), fw_cfg at 0x510/0x511 (selector and data: the
 //!   signature, the ID, `RAM_SIZE`, `NOGRAPHIC`, `NB_CPUS` = `MAX_CPUS` = 1; every other item
