@@ -516,10 +516,13 @@ impl<'a, P: Personality> Runner<'a, P> {
                 Exit::Debug { pc } => {
                     result.steps += 1;
                     self.stepping_over = false;
-                    self.retire(pc);
-                    self.next_rip = pc;
                     if step {
+                        self.retire(pc);
+                        self.next_rip = pc;
                         self.rdpmc_at_step()?;
+                    } else {
+                        // A step over the #GP handler's breakpoint: nothing counts.
+                        self.next_rip = pc;
                     }
                 }
                 Exit::Rdmsr { index, data, error } => {
