@@ -527,6 +527,16 @@ static void case_completed_instructions(void) {
                read_by_rdmsr, 2);
     report_val("RDPMC inside the window reads 5 (before it retires)", read_by_rdpmc == 5,
                read_by_rdpmc, 5);
+    /* While counting the VMM performs RDPMC at its step; an absent counter still #GPs there. */
+    u64 before = gp_faults;
+    wrmsr(ctl_msr(0), sel);
+    if (has_global()) wrmsr(global_ctrl_msr(), 1);
+    (void)rdpmc_ecx(64);
+    if (has_global()) wrmsr(global_ctrl_msr(), 0);
+    wrmsr(ctl_msr(0), 0);
+    u64 counted = rdmsr(ctr_msr(0));
+    report_val("RDPMC(64) while counting raises #GP", gp_faults == before + 1, gp_faults - before, 1);
+    report_val("and the counter kept counting", counted > count, counted, count + 1);
 }
 
 /*
