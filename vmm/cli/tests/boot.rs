@@ -4,8 +4,7 @@
 //! personalities. Each run must end with isa-debug-exit code 0 (status 0) and a `SUMMARY` line
 //! without unexpected failures.
 //!
-//! The image is `$VPMU_KUT_PMU_ELF`, by default `pmu-n10000.elf` in the peer directory beside
-//! the workspace (`../shared/peer/kvm-unit-tests/`). Without the image or without a usable
+//! The image is `$VPMU_KUT_PMU_ELF` (its default is in `image()`). Without the image or without a usable
 //! `/dev/kvm` each test says SKIPPED loudly and passes. The runs take minutes each (see the
 //! README), so they are `#[ignore]`d in the default test run:
 //! `cargo test --release -p vpmu-cli --test boot -- --ignored`.
