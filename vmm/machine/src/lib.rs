@@ -50,12 +50,14 @@ use crate::error::Result;
 pub use crate::kvm::{GuestMem, Vm};
 use crate::kvm::{STACK_TOP, Vcpu};
 use crate::personality::Personality;
+pub use vpmu_models::shapes::Shape;
 
 use exit::MsrHandler;
 use platform::{Host, PlatformState};
 pub use platform::{PmiContext, VmmActivity};
 use runner::{Rendezvous, Runner};
 
+pub mod boot;
 pub mod error;
 mod exit;
 pub mod kick;
@@ -65,6 +67,7 @@ pub mod personality;
 mod platform;
 pub mod port;
 mod precise;
+mod rdpmc;
 mod runner;
 mod sched;
 pub mod symbols;
@@ -443,6 +446,9 @@ pub struct Machine<P: Personality> {
     finish_with: Option<Vec<u32>>,
     /// Guest memory to copy into the results after the run: (domain, GPA, bytes).
     peeks: Vec<(u32, u64, usize)>,
+    /// Boot-image mode (`boot`): the PC devices of its one vCPU, which replace the project's
+    /// guest ports.
+    devices: Option<boot::PcDevices>,
 }
 
 impl<P: Personality> std::fmt::Debug for Machine<P> {
@@ -506,7 +512,7 @@ impl<P: Personality> Machine<P> {
         arg: u64,
         layout: Layout,
     ) -> Result<Self> {
-        let (counts, pcpu_count) = layout.shape();
+        let (counts, _) = layout.shape();
         layout.check_domains()?;
         let mut cpuid = base_cpuid.clone();
         personality.cpuid(&mut cpuid);
@@ -522,6 +528,18 @@ impl<P: Personality> Machine<P> {
             }
             vms.push(vm);
         }
+        Self::assemble(personality, layout, vms, vcpus)
+    }
+
+    /// The machine of `layout` over its VMs (by domain) and vCPUs (domain by domain): the
+    /// vpmu in self mode, one pCPU per vCPU or per shared pCPU.
+    fn assemble(
+        personality: P,
+        layout: Layout,
+        vms: Vec<Vm>,
+        vcpus: Vec<(VcpuId, Vcpu)>,
+    ) -> Result<Self> {
+        let (counts, pcpu_count) = layout.shape();
         let vpmu = Vpmu::new(personality.backend(), Mode::SelfProfiling, pcpu_count);
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..pcpu_count).map(|_| mpsc::channel()).unzip();
@@ -567,6 +585,7 @@ impl<P: Personality> Machine<P> {
             extension: None,
             finish_with: None,
             peeks: Vec::new(),
+            devices: None,
         })
     }
 
@@ -590,6 +609,7 @@ impl<P: Personality> Machine<P> {
             extension,
             finish_with,
             peeks,
+            devices,
         } = self;
         let count = vcpus.len() as u32;
         let vcpu_ids: Vec<VcpuId> = vcpus.iter().map(|&(id, _)| id).collect();
@@ -627,6 +647,14 @@ impl<P: Personality> Machine<P> {
             fed_cycles: 0,
             slices: 0,
             activity: platform::VmmActivity::Other,
+            devices: None,
+            stepping_over: false,
+        });
+        // Boot-image mode has one vCPU, which gets the devices.
+        let mut devices = devices;
+        let runners = runners.map(move |mut r| {
+            r.devices = devices.take();
+            r
         });
         let mut results = if shared_layout {
             Self::run_pcpus(runners.collect(), pcpus, timeout, finish_with.as_deref())

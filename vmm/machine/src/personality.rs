@@ -96,6 +96,57 @@ fn edit_leaf(cpuid: &mut CpuId, function: u32, edit: impl FnOnce(&mut kvm_cpuid_
     }
 }
 
+/// CPUID.(EAX=7,ECX=0):EBX HLE (4) and RTM (11): TSX. XBEGIN at guest CPL0 raises #UD in
+/// this host's KVM emulator, so no personality advertises TSX (a guest told of RTM counts
+/// transactional cycles that cannot happen: kvm-unit-tests' `check_tsx_cycles`).
+const LEAF7_EBX_TSX: u32 = 1 << 4 | 1 << 11;
+/// CPUID.(EAX=7,ECX=0):EDX RTM_ALWAYS_ABORT (11) and TSX_FORCE_ABORT (13): TSX too.
+const LEAF7_EDX_TSX: u32 = 1 << 11 | 1 << 13;
+/// CPUID.1:ECX PDCM (IA32_PERF_CAPABILITIES).
+const LEAF1_ECX_PDCM: u32 = 1 << 15;
+
+/// What every personality hides from the guest because it cannot use it: TSX.
+fn hide_unusable(cpuid: &mut CpuId) {
+    if let Some(e) = cpuid
+        .as_mut_slice()
+        .iter_mut()
+        .find(|e| e.function == 7 && e.index == 0)
+    {
+        e.ebx &= !LEAF7_EBX_TSX;
+        e.edx &= !LEAF7_EDX_TSX;
+    }
+}
+
+/// The leaves the personalities edit for honesty (PMU enumeration, TSX) on which `installed`
+/// (what `KVM_GET_CPUID2` reports) differs from `asked` (what was set): one line each. A host
+/// that forced a leaf through would make the guest see what it cannot use.
+pub fn cpuid_differences(asked: &CpuId, installed: &CpuId) -> Vec<String> {
+    let leaf = |c: &CpuId, function: u32, index: u32| {
+        c.as_slice()
+            .iter()
+            .find(|e| e.function == function && e.index == index)
+            .map(|e| [e.eax, e.ebx, e.ecx, e.edx])
+    };
+    // (function, index, the register bits that matter: eax, ebx, ecx, edx masks).
+    let checked: [(u32, u32, [u32; 4]); 5] = [
+        (1, 0, [0, 0, LEAF1_ECX_PDCM, 0]),
+        (7, 0, [0, LEAF7_EBX_TSX, 0, LEAF7_EDX_TSX]),
+        (0xa, 0, [u32::MAX; 4]),
+        (0x8000_0001, 0, [0, 0, vpmu_amd::CPUID_PERF_CTR_EXT_CORE, 0]),
+        (CPUID_PERFMON_LEAF, 0, [u32::MAX; 4]),
+    ];
+    checked
+        .iter()
+        .filter_map(|&(function, index, masks)| {
+            let a = leaf(asked, function, index).unwrap_or_default();
+            let i = leaf(installed, function, index).unwrap_or_default();
+            let differs = (0..4).any(|r| (a[r] ^ i[r]) & masks[r] != 0);
+            differs
+                .then(|| format!("leaf {function:#x}.{index}: asked {a:08x?}, installed {i:08x?}"))
+        })
+        .collect()
+}
+
 fn vendor_words(vendor: &[u8; 12]) -> (u32, u32, u32) {
     let w = |i: usize| u32::from_le_bytes([vendor[i], vendor[i + 1], vendor[i + 2], vendor[i + 3]]);
     (w(0), w(4), w(8))
@@ -187,9 +238,10 @@ impl Personality for Intel {
             e.eax = e.eax.max(0xa);
             (e.ebx, e.ecx, e.edx) = (b, c, d);
         });
+        hide_unusable(cpuid);
         let caps = self.shape.caps();
-        let pdcm = u32::from(caps.has_perf_capabilities()) << 15;
-        edit_leaf(cpuid, 1, |e| e.ecx = (e.ecx & !(1 << 15)) | pdcm);
+        let pdcm = u32::from(caps.has_perf_capabilities()) * LEAF1_ECX_PDCM;
+        edit_leaf(cpuid, 1, |e| e.ecx = (e.ecx & !LEAF1_ECX_PDCM) | pdcm);
         set_leaf(
             cpuid,
             0xa,
@@ -267,6 +319,9 @@ impl Personality for Amd {
     fn cpuid(&self, cpuid: &mut CpuId) {
         let (b, d, c) = vendor_words(b"AuthenticAMD");
         edit_leaf(cpuid, 0, |e| (e.ebx, e.ecx, e.edx) = (b, c, d));
+        hide_unusable(cpuid);
+        // IA32_PERF_CAPABILITIES is Intel's (and faults here, another vendor's PMU MSR).
+        edit_leaf(cpuid, 1, |e| e.ecx &= !LEAF1_ECX_PDCM);
         set_leaf(cpuid, 0xa, 0, [0; 4]);
         let leaves = self.shape.caps().guest_leaves();
         edit_leaf(cpuid, 0x8000_0001, |e| {
@@ -345,6 +400,40 @@ mod tests {
         Amd::k7(Source::Precise).cpuid(&mut k7);
         assert_eq!(leaf(&k7, 0x8000_0001).expect("ext").ecx & (1 << 23), 0);
         assert_eq!(leaf(&k7, 0x8000_0022).expect("zeroed").eax, 0);
+    }
+
+    #[test]
+    fn no_personality_advertises_tsx_and_differences_are_named() {
+        let mut with_tsx = base();
+        let leaf7 = kvm_cpuid_entry2 {
+            function: 7,
+            ebx: LEAF7_EBX_TSX | 1,
+            edx: LEAF7_EDX_TSX,
+            ..Default::default()
+        };
+        with_tsx.push(leaf7).expect("room");
+        let host = with_tsx.clone();
+        let mut amd = with_tsx.clone();
+        Intel::v2(Source::Precise).cpuid(&mut with_tsx);
+        Amd::k7(Source::Precise).cpuid(&mut amd);
+        for c in [&with_tsx, &amd] {
+            let l7 = c
+                .as_slice()
+                .iter()
+                .find(|e| e.function == 7)
+                .expect("leaf 7");
+            assert_eq!((l7.ebx, l7.edx), (1, 0), "TSX hidden, the rest kept");
+        }
+        assert!(cpuid_differences(&with_tsx, &with_tsx).is_empty());
+        let named = cpuid_differences(&with_tsx, &host);
+        assert!(
+            named.iter().any(|d| d.starts_with("leaf 0x7.0")),
+            "{named:?}"
+        );
+        assert!(
+            named.iter().any(|d| d.starts_with("leaf 0xa.0")),
+            "{named:?}"
+        );
     }
 
     #[test]
