@@ -282,19 +282,22 @@ static void case_control_ops(void) {
 }
 
 static void case_unavailable_events(void) {
-    if (!intel) {
-        /* AMD has no availability vector: the cycles event is accepted and never counts. */
-        u64 c = count_gp(0, 0x76 | OS | EN, N);
-        report_val("AMD cycles (0x76) counts nothing under the precise source", c == 0, c, 0);
+    /* The precise source's cycle model: one core cycle per retired instruction. */
+    u64 ins = count_gp(0, 0xc0 | OS | EN, N);
+    u64 cyc = count_gp(0, (intel ? 0x3c : 0x76) | OS | EN, N);
+    report_val("core cycles count one per retired instruction under the precise source",
+               cyc == ins && ins > 0, cyc, ins);
+    if (!intel)
         return;
-    }
     u32 a, b, c, d;
     cpuid(0xa, 0, &a, &b, &c, &d);
-    report("leaf 0xA: instructions and branches available", (b & ((1u << 1) | (1u << 5))) == 0);
-    report("leaf 0xA: core/ref cycles, LLC, branch misses unavailable", (b & 0x5d) == 0x5d);
-    u64 cyc = count_gp(0, 0x3c | OS | EN, N);
-    report_val("unavailable core cycles event counts nothing", cyc == 0, cyc, 0);
-    report_val("only fixed counter 0 (instructions) enumerated", fixed == 1, fixed, 1);
+    report("leaf 0xA: core cycles, instructions and branches available",
+           (b & ((1u << 0) | (1u << 1) | (1u << 5))) == 0);
+    report("leaf 0xA: ref cycles, LLC, branch misses unavailable", (b & 0x5c) == 0x5c);
+    u64 ref = count_gp(0, 0x013c | OS | EN, N);
+    report_val("unavailable reference cycles event counts nothing", ref == 0, ref, 0);
+    report_val("fixed counters 0 (instructions) and 1 (core cycles) enumerated", fixed == 2,
+               fixed, 2);
 }
 
 static void case_all_counters_together(void) {

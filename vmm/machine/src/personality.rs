@@ -6,7 +6,7 @@
 //!
 //! Each personality runs under one event [`Source`], and what that source cannot count is
 //! advertised as unavailable. Intel: through the leaf 0xA EBX vector and the fixed counters
-//! present (precise: instructions and branches, fixed counter 0; timed: core and reference
+//! present (precise: instructions, branches and core cycles, fixed counters 0 and 1; timed: core and reference
 //! cycles, fixed counters 1 and 2 through the v5 bitmap; v2 keeps three contiguous fixed
 //! counters, of which only the ones of its source count). AMD has no availability vector,
 //! which is a limitation of the AMD personality: events its source cannot count are accepted
@@ -162,9 +162,10 @@ pub struct Intel {
     pub shape: IntelShape,
 }
 
-/// Architectural events the precise source cannot count (leaf 0xA EBX: core cycles 0,
-/// reference cycles 2, LLC references 3, LLC misses 4, branch misses 6, topdown slots 7).
-pub const INTEL_UNAVAILABLE_PRECISE: u32 = 0b1101_1101;
+/// Architectural events the precise source cannot count (leaf 0xA EBX: reference cycles 2,
+/// LLC references 3, LLC misses 4, branch misses 6, topdown slots 7). It counts instructions,
+/// branches and core cycles (one per retired instruction: `precise.rs`).
+pub const INTEL_UNAVAILABLE_PRECISE: u32 = 0b1101_1100;
 /// Architectural events the timed source cannot count: all but core (0) and reference (2)
 /// cycles.
 pub const INTEL_UNAVAILABLE_TIMED: u32 = 0b1111_1010;
@@ -179,7 +180,7 @@ fn intel_unavailable(source: Source) -> u32 {
 }
 
 impl Intel {
-    /// Version 5 (the `intel-v5` test shape): 8 GP counters, FW_WRITE; fixed counter 0
+    /// Version 5 (the `intel-v5` test shape): 8 GP counters, FW_WRITE; fixed counters 0 and 1
     /// (precise) or 1 and 2 (timed).
     pub fn v5(source: Source) -> Self {
         Self {
@@ -189,7 +190,7 @@ impl Intel {
     }
 
     /// Version 2 (the `intel-v2` test shape): 4 GP counters, legacy writes only; fixed counter
-    /// 0 (precise) or 0–2 (timed: v2 has no bitmap; fixed counter 0 never counts).
+    /// 0 and 1 (precise) or 0–2 (timed: v2 has no bitmap; fixed counter 0 never counts).
     pub fn v2(source: Source) -> Self {
         Self {
             source,

@@ -1,5 +1,9 @@
 //! The precise event source: each single-stepped instruction, decoded with iced-x86, is fed
-//! to the pCPU's model as `Instructions` (+ `Branches` for any control transfer).
+//! to the pCPU's model as `Instructions` (+ `Branches` for any control transfer) and as one
+//! unhalted core cycle: the source's cycle model is one cycle per retired instruction (time
+//! measured in instructions, as QEMU's `-icount` measures it). Deterministic, and never a
+//! cycle for a vCPU that is halted (it retires nothing). Reference cycles stay unavailable:
+//! they tick at the TSC's rate, which this model has no honest value for.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
 use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
@@ -31,10 +35,7 @@ impl<P: Personality> Runner<'_, P> {
         let mode = ExecMode { cpl, host: false };
         let model = self.model();
         for &(_, branch) in &retired[..count] {
-            model.count(HwEvent::Instructions, 1, mode);
-            if branch {
-                model.count(HwEvent::Branches, 1, mode);
-            }
+            count_retired(model, branch, mode);
         }
     }
 
@@ -50,11 +51,7 @@ impl<P: Personality> Runner<'_, P> {
             cpl: (self.sync.sregs.cs.selector & 3) as u8,
             host: false,
         };
-        let model = self.model();
-        model.count(HwEvent::Instructions, 1, mode);
-        if branch {
-            model.count(HwEvent::Branches, 1, mode);
-        }
+        count_retired(self.model(), branch, mode);
     }
 
     pub(super) fn is_branch(&self, rip: u64) -> bool {
@@ -65,6 +62,16 @@ impl<P: Personality> Runner<'_, P> {
     pub(super) fn handler_address(&self, vector: u8) -> Option<u64> {
         handler_address(&self.vm.mem, self.sync.sregs.idt.base, vector)
     }
+}
+
+/// One retired instruction, as the precise source counts it: an instruction, a branch if it is
+/// a control transfer, and one unhalted core cycle.
+fn count_retired<M: SoftwarePmu>(model: &mut M, branch: bool, mode: ExecMode) {
+    model.count(HwEvent::Instructions, 1, mode);
+    if branch {
+        model.count(HwEvent::Branches, 1, mode);
+    }
+    model.count(HwEvent::CoreCycles, 1, mode);
 }
 
 /// Instructions a step exit may follow without their own step exit (`Runner::retire`).
