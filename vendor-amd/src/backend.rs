@@ -377,7 +377,7 @@ impl PmuBackend for AmdPmu {
         };
         bank::save(&self.msr_banks, ctx, in_use, controls, hw, record)?;
         let overflow = self.collect_overflows(ctx, hw, CounterValues::Saved)?;
-        ctx.in_use = ctx.enabled_on_hardware();
+        ctx.in_use = ctx.enabled_within(in_use);
         Ok(overflow)
     }
 

@@ -91,6 +91,25 @@ impl AmdContext {
             .fold(CounterSet::EMPTY, |set, i| set.union(CounterSet::gp(i)))
     }
 
+    /// The counters of `set` whose hardware control has EN: after a save, with `set` the
+    /// counters in use, what [`AmdContext::enabled_on_hardware`] gives (a control with EN
+    /// puts its counter in use, and `in_use` only grows while loaded).
+    pub(crate) fn enabled_within(&self, set: CounterSet) -> CounterSet {
+        let mut enabled = 0u64;
+        for index in set.gp_indices() {
+            if self
+                .hw_ctl
+                .get(index as usize)
+                .is_some_and(|&c| c & ctl::EN != 0)
+            {
+                enabled |= CounterSet::gp(index).0;
+            }
+        }
+        let enabled = CounterSet(enabled);
+        debug_assert_eq!(enabled, self.enabled_on_hardware(), "EN outside in_use");
+        enabled
+    }
+
     pub(crate) fn set_counter(&mut self, index: usize, value: u64) {
         if let Some(slot) = self.counters.get_mut(index) {
             *slot = value;
@@ -184,8 +203,8 @@ impl CounterBanks for AmdContext {
         &self.counters
     }
 
-    fn values_mut(&mut self, _bank: usize) -> &mut [u64] {
-        &mut self.counters
+    fn saved_mut(&mut self, _bank: usize) -> (&mut [u64], &[u64]) {
+        (&mut self.counters, &self.hw_ctl)
     }
 
     fn hardware_controls(&self, _bank: usize) -> &[u64] {

@@ -108,17 +108,51 @@ impl IntelContext {
         self.in_use = in_use;
     }
 
+    /// After a save, with the values just read: drops from [`IntelContext::in_use`] the
+    /// counters whose value and control are both 0. Only counters in use can leave: a counter
+    /// outside it has value 0 and control 0 while the context is loaded (a write of anything
+    /// else puts it in use, and `in_use` only grows while loaded), so the result is what
+    /// [`IntelContext::recompute_in_use`] gives, without scanning every counter.
+    pub(crate) fn shrink_in_use(&mut self) {
+        let mut idle = 0u64;
+        for index in self.in_use.gp_indices() {
+            let i = index as usize;
+            if self.gp_counters.get(i) == Some(&0) && self.event_selects.get(i) == Some(&0) {
+                idle |= CounterSet::gp(index).0;
+            }
+        }
+        for index in self.in_use.fixed_indices() {
+            if self.fixed_counters.get(index as usize) == Some(&0)
+                && fixed_nibble(self.fixed_ctrl, index) == 0
+            {
+                idle |= CounterSet::fixed(index).0;
+            }
+        }
+        self.in_use.0 &= !idle;
+        #[cfg(debug_assertions)]
+        {
+            let shrunk = self.in_use;
+            self.recompute_in_use();
+            debug_assert_eq!(
+                shrunk, self.in_use,
+                "a counter outside in_use was programmed"
+            );
+        }
+    }
+
     /// Whether any counter can count on the hardware: enabled locally (after the filter) and
-    /// globally.
+    /// globally. Only counters in use can: a hardware control is the guest's with bits
+    /// cleared, and a counter with a non-zero guest control is in use.
     pub(crate) fn counts_anything(&self) -> bool {
-        let gp = (0u32..)
-            .zip(&self.event_selects_hw)
-            .any(|(i, &sel)| sel & EVTSEL_EN != 0 && self.global_ctrl & CounterSet::gp(i).0 != 0);
-        let fixed = (0..FIXED_COUNTER_LIMIT).any(|i| {
-            fixed_nibble(self.fixed_ctrl_hw, i) & (FIXED_OS | FIXED_USR) != 0
-                && self.global_ctrl & CounterSet::fixed(i).0 != 0
+        let candidates = self.in_use.intersection(CounterSet(self.global_ctrl));
+        let gp = candidates.gp_indices().any(|i| {
+            self.event_selects_hw
+                .get(i as usize)
+                .is_some_and(|&sel| sel & EVTSEL_EN != 0)
         });
-        gp || fixed
+        gp || candidates
+            .fixed_indices()
+            .any(|i| fixed_nibble(self.fixed_ctrl_hw, i) & (FIXED_OS | FIXED_USR) != 0)
     }
 
     /// The GLOBAL_STATUS bits live on the hardware that belong to this context: its in-use
@@ -142,10 +176,13 @@ impl CounterBanks for IntelContext {
         }
     }
 
-    fn values_mut(&mut self, bank: usize) -> &mut [u64] {
+    fn saved_mut(&mut self, bank: usize) -> (&mut [u64], &[u64]) {
         match bank {
-            GP_BANK => &mut self.gp_counters,
-            _ => &mut self.fixed_counters,
+            GP_BANK => (&mut self.gp_counters, &self.event_selects_hw),
+            _ => (
+                &mut self.fixed_counters,
+                core::slice::from_ref(&self.fixed_ctrl_hw),
+            ),
         }
     }
 

@@ -75,7 +75,7 @@ impl IntelPmu {
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), 0)?;
         }
-        ctx.recompute_in_use();
+        ctx.shrink_in_use();
         Ok(overflow)
     }
 

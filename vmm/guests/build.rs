@@ -13,6 +13,17 @@
 //! `abi/include/xenpmu.h`), made flat and embedded at 0x200000. If `-m32` code cannot be
 //! built here (no gcc-multilib), `compat.elf` is left empty with a `cargo:warning`, and the
 //! selftest reports its case as SKIPPED.
+//!
+//! `ring0.elf` is the ring-0 guest (`ring0/`): the C firmware `ring0/ring0.c` on the runtime,
+//! linked with the inner hypervisor `ring0/hv`, a `no_std` Rust staticlib over the vpmu core
+//! and both vendor backends (`hw-msr`), built here by a nested `cargo build` outside the
+//! workspace (its own lock file and release profile: panic=abort, fat LTO, one codegen unit)
+//! with `--target x86_64-unknown-linux-gnu` and `-C target-feature=-sse,-sse2` (KVM's CPL0
+//! emulator on this host has no SSE). The build fails if any SSE instruction is left in the
+//! image (objdump). If the staticlib cannot be built here (no cargo registry cache offline, a
+//! rustc that refuses the flags), `ring0.elf` is left empty with a `cargo:warning` and the
+//! ring-0 test reports SKIPPED. `VPMU_RING0_SABOTAGE=1` builds it with the feature
+//! `sabotage-local-request` (cross-CPU requests run on the caller's CPU), which must fail.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -79,6 +90,10 @@ const CFLAGS: &[&str] = &[
     "-mgeneral-regs-only",
     "-mno-red-zone",
     "-O2",
+    // Frame pointers in every function, leaves included: the hypervisor walks a sample's call
+    // chain through them (ABI 1.2), as perf does without DWARF.
+    "-fno-omit-frame-pointer",
+    "-mno-omit-leaf-frame-pointer",
     "-fno-stack-protector",
     "-fcf-protection=none",
     "-fno-asynchronous-unwind-tables",
@@ -231,6 +246,143 @@ fn build_compat(guest: &Path, out: &Path, common: &[PathBuf]) {
         .args(&objs));
 }
 
+/// The nested build's flags: no SSE (the CPL0 emulator has none; rust-lang/rust#116344 warns
+/// that this may become a hard error on this target: `x86_64-unknown-none` is the durable
+/// route where it is installed).
+const RING0_RUSTFLAGS: &str = "-Ctarget-feature=-sse,-sse2";
+const RING0_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Builds the inner hypervisor's staticlib; its path, or why it cannot be built here.
+fn build_ring0_staticlib(guest: &Path, out: &Path) -> Result<PathBuf, String> {
+    let manifest = guest.join("ring0/hv/Cargo.toml");
+    // OUT_DIR is <target>/[<triple>/]<profile>/build/<pkg>-<hash>/out: share one nested target
+    // directory between the profiles (cargo locks it while it builds).
+    let target_dir = out
+        .ancestors()
+        .nth(4)
+        .map_or_else(|| out.join("ring0-hv"), |t| t.join("ring0-hv"));
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let sabotage = env::var("VPMU_RING0_SABOTAGE").is_ok_and(|v| v == "1");
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--release", "--offline", "--target", RING0_TARGET])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir);
+    if sabotage {
+        cmd.args(["--features", "sabotage-local-request"]);
+    }
+    // Nothing of the outer build's configuration applies to this one (coverage flags,
+    // wrappers, profiles, target directory).
+    for (key, _) in env::vars() {
+        if key.starts_with("CARGO_PROFILE_")
+            || key.starts_with("CARGO_BUILD_")
+            || key.starts_with("CARGO_TARGET_")
+            || matches!(
+                key.as_str(),
+                "RUSTFLAGS" | "RUSTC_WRAPPER" | "RUSTC_WORKSPACE_WRAPPER" | "RUSTDOCFLAGS"
+            )
+        {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", RING0_RUSTFLAGS);
+    let output = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("error"))
+            .take(3)
+            .collect();
+        return Err(format!(
+            "cargo build of {} failed ({}): {}",
+            manifest.display(),
+            output.status,
+            errors.join(" | ")
+        ));
+    }
+    Ok(target_dir
+        .join(RING0_TARGET)
+        .join("release/libvpmu_ring0_hv.a"))
+}
+
+/// Fails the build if the image has an SSE instruction (any XMM/YMM/ZMM operand).
+fn check_no_sse(elf: &Path) {
+    let out = Command::new("objdump")
+        .arg("-d")
+        .arg(elf)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run objdump on {}: {e}", elf.display()));
+    assert!(out.status.success(), "objdump -d {} failed", elf.display());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let sse: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("%xmm") || l.contains("%ymm") || l.contains("%zmm"))
+        .collect();
+    assert!(
+        sse.is_empty(),
+        "{}: {} SSE instructions in the ring-0 guest (KVM's CPL0 emulator here has none), e.g.:\n{}",
+        elf.display(),
+        sse.len(),
+        sse.iter().take(10).copied().collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// `ring0.elf`: the runtime, `ring0/ring0.c` and the inner hypervisor, or an empty file with a
+/// warning if the staticlib cannot be built here.
+fn build_ring0(guest: &Path, out: &Path, common: &[PathBuf]) {
+    for path in [
+        "ring0/ring0.c",
+        "ring0/hv/Cargo.toml",
+        "ring0/hv/Cargo.lock",
+        "ring0/hv/src",
+        "../../vpmu/src",
+        "../../vpmu/Cargo.toml",
+        "../../vendor-intel/src",
+        "../../vendor-intel/Cargo.toml",
+        "../../vendor-amd/src",
+        "../../vendor-amd/Cargo.toml",
+        "../../abi/src",
+        "../../abi/Cargo.toml",
+        "../protocol/src",
+    ] {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    println!("cargo:rerun-if-env-changed=VPMU_RING0_SABOTAGE");
+    let elf = out.join("ring0.elf");
+    let lib = match build_ring0_staticlib(guest, out) {
+        Ok(lib) => lib,
+        Err(e) => {
+            println!(
+                "cargo:warning=SKIPPED: the ring-0 guest cannot be built here ({e}); \
+                 the ring-0 test will report SKIPPED"
+            );
+            std::fs::write(&elf, []).expect("write an empty ring0.elf");
+            return;
+        }
+    };
+    if env::var("VPMU_RING0_SABOTAGE").is_ok_and(|v| v == "1") {
+        println!(
+            "cargo:warning=VPMU_RING0_SABOTAGE=1: ring0.elf runs cross-CPU requests on the \
+             caller's CPU; the ring-0 test must fail"
+        );
+    }
+    let obj = out.join("ring0_ring0.o");
+    compile(&guest.join("ring0/ring0.c"), &obj);
+    run(Command::new("ld")
+        .args(["-static", "-nostdlib", "--gc-sections", "-T"])
+        .arg(guest.join("runtime/link.ld"))
+        .arg("-o")
+        .arg(&elf)
+        .args(common)
+        .arg(&obj)
+        .arg(&lib));
+    check_no_sse(&elf);
+}
+
 fn main() {
     let guest = Path::new(&env::var("CARGO_MANIFEST_DIR").expect("cargo sets it")).to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
@@ -276,5 +428,6 @@ fn main() {
             .args(&objs));
     }
     let driver = out.join("runtime_driver.o");
+    build_ring0(&guest, &out, &[start.clone(), rt.clone(), user.clone()]);
     build_compat(&guest, &out, &[start, rt, user, driver]);
 }

@@ -118,8 +118,9 @@ impl BankMap {
 pub trait CounterBanks {
     /// The saved counter values of `bank`, by index.
     fn values(&self, bank: usize) -> &[u64];
-    /// The same, to store values read back from the hardware.
-    fn values_mut(&mut self, bank: usize) -> &mut [u64];
+    /// The same, to store values read back from the hardware, with the bank's hardware
+    /// controls alongside (what [`CounterBanks::hardware_controls`] returns).
+    fn saved_mut(&mut self, bank: usize) -> (&mut [u64], &[u64]);
     /// The control values of `bank` as programmed on the hardware: one per counter, or the one
     /// value of a [`Controls::Shared`] control.
     fn hardware_controls(&self, bank: usize) -> &[u64];
@@ -261,42 +262,76 @@ pub enum SaveControls {
 }
 
 /// Saves the counters of `set` from the hardware into `ctx`, recording in `record` the values
-/// read and the controls left on the hardware.
-pub fn save<C: CounterBanks + ?Sized, B: MsrBus>(
-    banks: &[BankMap],
+/// read and the controls left on the hardware. A fault leaves `record` knowing nothing.
+pub fn save<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
     ctx: &mut C,
     set: CounterSet,
     controls: SaveControls,
     hw: &mut B,
     record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
-    match controls {
-        SaveControls::Keep => {
-            read_counters(banks, ctx, set, hw, record)?;
-            for (bank, map) in banks.iter().enumerate() {
-                let images = ctx.hardware_controls(bank);
-                match map.controls {
-                    Controls::PerCounter(_) => {
-                        for index in map.indices(set) {
-                            let image = images.get(index as usize).map_or(0, |&c| c);
-                            record.set_control(map.first_bit + index, Some(image));
-                        }
-                    }
-                    Controls::Shared(_) => {
-                        if map.indices(set).0 != 0 {
-                            let image = images.first().map_or(0, |&c| c);
-                            record.set_control(map.first_bit, Some(image));
-                        }
-                    }
-                }
-            }
-            Ok(())
-        }
-        SaveControls::Clear => {
-            clear_controls(banks, ctx, set, hw, record)?;
-            read_counters(banks, ctx, set, hw, record)
-        }
+    let result = match controls {
+        SaveControls::Keep => save_keeping_controls(banks, ctx, set, hw, record),
+        SaveControls::Clear => clear_controls(banks, ctx, set, hw, record)
+            .and_then(|()| read_counters(banks, ctx, set, hw, record)),
+    };
+    if result.is_err() {
+        record.forget();
     }
+    result
+}
+
+/// [`SaveControls::Keep`]: one pass per bank reads the counters and records them with the
+/// controls left programmed; the record's masks are updated once per bank.
+fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
+    ctx: &mut C,
+    set: CounterSet,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    for (bank, map) in banks.iter().enumerate() {
+        let own = map.indices(set).0;
+        if own == 0 {
+            continue;
+        }
+        let (values, images) = ctx.saved_mut(bank);
+        let per_counter = matches!(map.controls, Controls::PerCounter(_));
+        let mut known = 0u64;
+        let mut zero = 0u64;
+        let mut bits = own;
+        while bits != 0 {
+            let index = bits.trailing_zeros();
+            bits &= bits - 1;
+            let value = map.read_counter(hw, index)?;
+            let position = (map.first_bit + index) & 63;
+            if let Some(slot) = values.get_mut(index as usize) {
+                *slot = value;
+                record.values[position as usize] = value;
+                known |= 1 << position;
+            }
+            if per_counter {
+                let image = images.get(index as usize).map_or(0, |&c| c);
+                record.controls[position as usize] = image;
+                zero |= u64::from(image == 0) << position;
+            }
+        }
+        record.values_known |= known;
+        let recorded = if per_counter {
+            map.set(own).0
+        } else {
+            // The shared control, at the bank's first position.
+            let image = images.first().map_or(0, |&c| c);
+            let position = map.first_bit & 63;
+            record.controls[position as usize] = image;
+            zero = u64::from(image == 0) << position;
+            1 << position
+        };
+        record.controls_known |= recorded;
+        record.controls_zero = record.controls_zero & !recorded | zero;
+    }
+    Ok(())
 }
 
 /// Loads the counters of `set` from `ctx` onto hardware `record` describes, on which nothing
@@ -305,9 +340,25 @@ pub fn save<C: CounterBanks + ?Sized, B: MsrBus>(
 /// image for the counters of `set`, 0 for every other counter of `present` whose control is
 /// not known to be 0 (a stale control of another context must never count when this one
 /// enables that counter globally). Afterwards the values of `set` are unknown (they move)
-/// and the controls known. The vendor writes its global control last.
-pub fn load<C: CounterBanks + ?Sized, B: MsrBus>(
-    banks: &[BankMap],
+/// and the controls known. The vendor writes its global control last. A fault leaves
+/// `record` knowing nothing.
+pub fn load<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
+    ctx: &C,
+    set: CounterSet,
+    present: CounterSet,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    let result = load_recorded(banks, ctx, set, present, hw, record);
+    if result.is_err() {
+        record.forget();
+    }
+    result
+}
+
+fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
     ctx: &C,
     set: CounterSet,
     present: CounterSet,
@@ -315,45 +366,55 @@ pub fn load<C: CounterBanks + ?Sized, B: MsrBus>(
     record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
     for (bank, map) in banks.iter().enumerate() {
+        let own = map.indices(set).0;
+        if own == 0 {
+            continue;
+        }
         let values = ctx.values(bank);
-        for index in map.indices(set) {
+        let mut bits = own;
+        while bits != 0 {
+            let index = bits.trailing_zeros();
+            bits &= bits - 1;
             if let Some(&value) = values.get(index as usize) {
-                let bit = map.first_bit + index;
-                if !record.knows_value(bit, value) {
-                    record.set_value(bit, None);
+                if !record.knows_value(map.first_bit + index, value) {
                     map.write_counter(hw, index, value)?;
                 }
-                record.set_value(bit, None);
             }
         }
+        record.values_known &= !map.set(own).0;
     }
     for (bank, map) in banks.iter().enumerate() {
-        let images = ctx.hardware_controls(bank);
+        let own = map.indices(set).0;
         match map.controls {
             Controls::PerCounter(series) => {
-                let stale = CounterSet(present.0 & !record.zero_controls().0);
-                for index in map.indices(set.union(stale)) {
-                    let bit = map.first_bit + index;
-                    let target = if set.contains(map.counter(index)) {
+                let stale = map.indices(present).0 & !map.indices(record.zero_controls()).0;
+                let mut bits = own | stale;
+                if bits == 0 {
+                    continue;
+                }
+                let images = ctx.hardware_controls(bank);
+                while bits != 0 {
+                    let index = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    let target = if own >> index & 1 != 0 {
                         images.get(index as usize).map_or(0, |&c| c)
                     } else {
                         0
                     };
+                    let bit = map.first_bit + index;
                     if !record.knows_control(bit, target) {
-                        record.set_control(bit, None);
                         hw.write(series.at(index), target)?;
                         record.set_control(bit, Some(target));
                     }
                 }
             }
             Controls::Shared(msr) => {
-                let target = if map.indices(set).0 != 0 {
-                    images.first().map_or(0, |&c| c)
+                let target = if own != 0 {
+                    ctx.hardware_controls(bank).first().map_or(0, |&c| c)
                 } else {
                     0
                 };
                 if !record.knows_control(map.first_bit, target) {
-                    record.set_control(map.first_bit, None);
                     hw.write(msr, target)?;
                     record.set_control(map.first_bit, Some(target));
                 }
@@ -365,8 +426,8 @@ pub fn load<C: CounterBanks + ?Sized, B: MsrBus>(
 
 /// Writes the saved values of the counters of `set` to the hardware, without their controls:
 /// what putting a counter in use while the context is loaded starts with.
-pub fn write_counters<C: CounterBanks + ?Sized, B: MsrBus>(
-    banks: &[BankMap],
+pub fn write_counters<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
     ctx: &C,
     set: CounterSet,
     hw: &mut B,
@@ -384,8 +445,8 @@ pub fn write_counters<C: CounterBanks + ?Sized, B: MsrBus>(
 
 /// The counters `counters` as an [`Overflow`]: a PMI is due if any of them has its interrupt
 /// enabled.
-pub fn overflow<C: CounterBanks + ?Sized>(
-    banks: &[BankMap],
+pub fn overflow<C: CounterBanks + ?Sized, const N: usize>(
+    banks: &[BankMap; N],
     ctx: &C,
     counters: CounterSet,
 ) -> Overflow {
@@ -399,8 +460,8 @@ pub fn overflow<C: CounterBanks + ?Sized>(
     }
 }
 
-fn read_counters<C: CounterBanks + ?Sized, B: MsrBus>(
-    banks: &[BankMap],
+fn read_counters<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
     ctx: &mut C,
     set: CounterSet,
     hw: &mut B,
@@ -409,7 +470,7 @@ fn read_counters<C: CounterBanks + ?Sized, B: MsrBus>(
     for (bank, map) in banks.iter().enumerate() {
         for index in map.indices(set) {
             let value = map.read_counter(hw, index)?;
-            if let Some(slot) = ctx.values_mut(bank).get_mut(index as usize) {
+            if let Some(slot) = ctx.saved_mut(bank).0.get_mut(index as usize) {
                 *slot = value;
                 record.set_value(map.first_bit + index, Some(value));
             }
@@ -420,8 +481,8 @@ fn read_counters<C: CounterBanks + ?Sized, B: MsrBus>(
 
 /// Writes 0 to the non-zero hardware controls of the counters of `set` (stopping them) and
 /// records them 0. A shared control is written once, if any counter of its bank is in `set`.
-fn clear_controls<C: CounterBanks + ?Sized, B: MsrBus>(
-    banks: &[BankMap],
+fn clear_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
     ctx: &C,
     set: CounterSet,
     hw: &mut B,
@@ -431,7 +492,6 @@ fn clear_controls<C: CounterBanks + ?Sized, B: MsrBus>(
         let controls = ctx.hardware_controls(bank);
         let mut clear = |msr, bit, control: u64| {
             if control != 0 {
-                record.set_control(bit, None);
                 hw.write(msr, 0)?;
             }
             record.set_control(bit, Some(0));
@@ -530,11 +590,11 @@ mod tests {
         fn values(&self, bank: usize) -> &[u64] {
             if bank == 0 { &self.gp } else { &self.fixed }
         }
-        fn values_mut(&mut self, bank: usize) -> &mut [u64] {
+        fn saved_mut(&mut self, bank: usize) -> (&mut [u64], &[u64]) {
             if bank == 0 {
-                &mut self.gp
+                (&mut self.gp, &self.gp_ctl)
             } else {
-                &mut self.fixed
+                (&mut self.fixed, core::slice::from_ref(&self.fixed_ctl))
             }
         }
         fn hardware_controls(&self, bank: usize) -> &[u64] {

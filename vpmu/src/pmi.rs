@@ -51,12 +51,13 @@ pub enum PmiOutcome {
     },
 }
 
-/// The sample to publish: who it is attributed to, the registers, and whose memory its call
+/// The sample to publish: who it is attributed to, the registers (borrowed from the
+/// interrupted state: a PMI through the LVTPC never copies them), and whose memory its call
 /// chain is read from.
-struct Sample {
+struct Sample<'r> {
     domain_id: u32,
     vcpu_id: u32,
-    regs: Regs,
+    regs: &'r Regs,
     context: SampledContext,
 }
 
@@ -78,7 +79,7 @@ fn sample_info<P: Platform>(
     };
     if platform.reads_sampled_memory(sample.context) {
         let context = sample.context;
-        let (len, end) = crate::callchain::walk(&sample.regs, &mut info.callchain, |at, out| {
+        let (len, end) = crate::callchain::walk(sample.regs, &mut info.callchain, |at, out| {
             platform.read_sampled(context, at, out)
         });
         info.chain_len = len;
@@ -120,7 +121,7 @@ impl<B: PmuBackend> Vpmu<B> {
                 Ok(o) if !o.interrupt => Ok(PmiOutcome::NoInterrupt(o)),
                 Ok(o) => {
                     let interrupted = platform.interrupted(here);
-                    self.route_own(platform, pcpu, vcpu, o, interrupted)
+                    self.route_own(platform, pcpu, vcpu, o, &interrupted)
                 }
             };
         });
@@ -135,7 +136,7 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
         overflow: Overflow,
-        interrupted: Interrupted,
+        interrupted: &Interrupted,
     ) -> Result<PmiOutcome, CoreError> {
         vcpu.stats.pmis_generated += 1;
         let privileged = platform.privileged_domain();
@@ -154,7 +155,7 @@ impl<B: PmuBackend> Vpmu<B> {
                 ..
             }
             | Interrupted::Guest { vcpu: id, regs }
-                if id == vcpu.id =>
+                if *id == vcpu.id =>
             {
                 Some(Sample {
                     domain_id: XENPMU_DOMID_SELF,
@@ -254,7 +255,7 @@ impl<B: PmuBackend> Vpmu<B> {
         let written = platform.with_page(page.slot, |page| {
             backend.context_to_page(ctx, &mut page.vendor);
             publish_sample_info(page, &info);
-            publish_sample(page, &identity, &sample.regs);
+            publish_sample(page, &identity, sample.regs);
         });
         if written.is_none() {
             return Ok(false);
@@ -355,16 +356,16 @@ impl<B: PmuBackend> Vpmu<B> {
                 return Ok(self.account(profiler, false, overflow));
             }
         }
-        let sample = match interrupted {
+        let sample = match &interrupted {
             Interrupted::Guest { vcpu, regs } => Sample {
-                domain_id: if vcpu == profiler.id {
+                domain_id: if *vcpu == profiler.id {
                     XENPMU_DOMID_SELF
                 } else {
                     vcpu.domain
                 },
                 vcpu_id: vcpu.vcpu,
                 regs,
-                context: SampledContext::Guest(vcpu),
+                context: SampledContext::Guest(*vcpu),
             },
             Interrupted::Hypervisor { regs, on_behalf_of } => Sample {
                 domain_id: XENPMU_DOMID_HYPERVISOR,
@@ -387,7 +388,7 @@ impl<B: PmuBackend> Vpmu<B> {
         let written = platform.with_page(page.slot, |page| {
             backend.context_to_page(&ctx, &mut page.vendor);
             publish_sample_info(page, &info);
-            publish_sample(page, &identity, &sample.regs);
+            publish_sample(page, &identity, sample.regs);
         });
         if written.is_none() {
             // The page vanished under us: restart the counters and count the loss.

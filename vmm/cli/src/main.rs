@@ -8,10 +8,16 @@
 //!   [--out DIR]`: the vPMU's code coverage under the suite, read by a guest through
 //!   `XENPMU_OP_COVERAGE` (`vpmu-coverage`).
 //!
+//! * `vpmu boot [--pmu SHAPE] [--mem MIB] [--timeout SECONDS] [--append ARGS] ELF`: runs a
+//!   multiboot image (upstream kvm-unit-tests' `x86/pmu`, say) as QEMU's `-kernel` would, on one
+//!   of the four PMU personalities with the precise event source (`vpmu_machine::boot`).
+//!
 //! This binary only parses and checks the arguments (one `clap` definition: every option is
 //! validated before `/dev/kvm` is opened), checks `/dev/kvm`, calls a library and maps its
 //! result to the exit status: 0 ok, 1 a check failed or the run broke, 2 bad usage, 3
-//! coverage without `XENPMU_OP_COVERAGE`, 77 no usable `/dev/kvm`.
+//! coverage without `XENPMU_OP_COVERAGE`, 77 no usable `/dev/kvm`; `vpmu boot` exits with the
+//! guest's isa-debug-exit code mapped as QEMU does (`(code << 1) | 1`, 8 bits) except that code
+//! 0 gives 0.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,7 +27,7 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use vpmu_coverage as coverage;
-use vpmu_machine::kvm;
+use vpmu_machine::{boot, kvm};
 use vpmu_profile as profile;
 use vpmu_selftest as selftest;
 
@@ -57,6 +63,77 @@ enum Command {
     /// (scripts/coverage.sh builds it), 77 no /dev/kvm.
     #[command(args_conflicts_with_subcommands = true)]
     Coverage(CoverageArgs),
+    /// Run a multiboot image (e.g. kvm-unit-tests x86/pmu) as QEMU's -kernel would.
+    ///
+    /// One vCPU in flat 32-bit protected mode at the ELF entry (EAX = 0x2BADB002, EBX = the
+    /// multiboot info), COM1 console on stdout, isa-debug-exit (0xf4), fw_cfg, KVM's LAPIC, and
+    /// the chosen PMU on the precise (single-step) event source. Exit status: 0 when the guest
+    /// wrote 0 to isa-debug-exit; for a non-zero code, (code << 1 | 1) & 0xff as QEMU's (3 for
+    /// code 1; 77 for kvm-unit-tests' all-skipped code 38); 1 if the guest never wrote one
+    /// (timeout, a broken run); 2 bad options; 77 no /dev/kvm.
+    Boot(BootArgs),
+}
+
+/// The PMU a boot image sees (`--pmu`): the four test shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PmuArg {
+    /// Intel architectural PMU v5: 8 GP counters, full-width writes.
+    #[value(name = "intel-v5")]
+    IntelV5,
+    /// Intel architectural PMU v2: 4 GP counters, legacy writes.
+    #[value(name = "intel-v2")]
+    IntelV2,
+    /// AMD PerfMonV2: 6 core counters, global control.
+    #[value(name = "amd-perfmonv2")]
+    AmdPerfMonV2,
+    /// AMD legacy K7: 4 counters.
+    #[value(name = "amd-k7")]
+    AmdK7,
+}
+
+impl From<PmuArg> for vpmu_machine::Shape {
+    fn from(p: PmuArg) -> Self {
+        match p {
+            PmuArg::IntelV5 => Self::IntelV5,
+            PmuArg::IntelV2 => Self::IntelV2,
+            PmuArg::AmdPerfMonV2 => Self::AmdPerfMonV2,
+            PmuArg::AmdK7 => Self::AmdK7,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct BootArgs {
+    /// The multiboot image: an ELF64 x86-64 or ELF32 i386 executable with a multiboot header.
+    #[arg(value_name = "ELF")]
+    image: PathBuf,
+    /// The PMU the guest sees.
+    #[arg(long, value_enum, default_value_t = PmuArg::IntelV5)]
+    pmu: PmuArg,
+    /// Guest RAM in MiB.
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = boot::DEFAULT_MEM_MIB,
+        value_parser = clap::value_parser!(u64).range(boot::MIN_MEM_MIB..=boot::MAX_MEM_MIB)
+    )]
+    mem: u64,
+    /// Stop the guest after this many seconds (exit status 1).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 1800,
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    timeout: u64,
+    /// Arguments for the guest's command line, after the image's file name (QEMU's -append).
+    #[arg(
+        long,
+        value_name = "ARGS",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
+    append: String,
 }
 
 /// What the guests measure (`--mode`).
@@ -289,7 +366,7 @@ fn usage_error(e: &clap::Error) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-        eprintln!("error: a subcommand is required: profile, selftest, bench or coverage");
+        eprintln!("error: a subcommand is required: profile, selftest, bench, coverage or boot");
         eprintln!("For more information, try '--help'.");
         return ExitCode::from(2);
     }
@@ -347,6 +424,76 @@ fn main() -> ExitCode {
             out,
             suite: !no_suite,
         }),
+        Command::Boot(args) => boot_command(&args),
+    }
+}
+
+/// `vpmu boot`: the guest's isa-debug-exit code as the exit status (`boot::exit_status`), 1
+/// if it wrote none.
+fn boot_command(args: &BootArgs) -> ExitCode {
+    let image = match std::fs::read(&args.image) {
+        Ok(image) => image,
+        Err(e) => {
+            eprintln!("vpmu boot: cannot read {}: {e}", args.image.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let name = args
+        .image
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let cmdline = if args.append.is_empty() {
+        name
+    } else {
+        format!("{name} {}", args.append)
+    };
+    if cmdline.len() > boot::MAX_CMDLINE {
+        eprintln!(
+            "vpmu boot: the command line (file name and --append) is longer than {} bytes",
+            boot::MAX_CMDLINE
+        );
+        return ExitCode::from(2);
+    }
+    let kvm = match kvm_for("boot") {
+        Ok(kvm) => kvm,
+        Err(code) => return code,
+    };
+    let options = boot::BootOptions {
+        mem_size: usize::try_from(args.mem << 20).unwrap_or(usize::MAX),
+        cmdline,
+        echo: true,
+    };
+    let shape = vpmu_machine::Shape::from(args.pmu);
+    let timeout = Duration::from_secs(args.timeout);
+    let result = match boot::run(&kvm, shape, &image, &options, timeout) {
+        Ok(result) => result,
+        Err(e) => {
+            eprintln!("vpmu boot: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let took = result.elapsed.as_secs_f64();
+    match (result.status, &result.error) {
+        (Some(code), _) => {
+            let status = boot::exit_status(code);
+            eprintln!(
+                "vpmu boot: {} exited with code {code} (status {status}) after {took:.1} s, {} \
+                 single steps, {} PMU MSR exits, {} PMIs",
+                shape.name(),
+                result.steps,
+                result.msr_exits,
+                result.pmis
+            );
+            ExitCode::from(status)
+        }
+        (None, error) => {
+            eprintln!(
+                "vpmu boot: {} did not exit ({}) after {took:.1} s",
+                shape.name(),
+                error.as_deref().unwrap_or("stopped")
+            );
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -628,6 +775,41 @@ mod tests {
         assert!(parse("coverage report").is_err(), "FILE is required");
         assert!(parse("coverage --no-suite report f").is_err());
         assert!(parse("").is_err(), "a subcommand is required");
+    }
+
+    #[test]
+    fn boot_parses() {
+        let Command::Boot(b) = parse("boot x.elf").expect("ok").command else {
+            panic!("boot");
+        };
+        assert_eq!(
+            (b.pmu, b.mem, b.timeout, b.append.as_str()),
+            (PmuArg::IntelV5, 256, 1800, "")
+        );
+        assert_eq!(b.image, PathBuf::from("x.elf"));
+        let Command::Boot(b) = parse("boot --pmu amd-k7 --mem 64 --timeout 30 --append -v y.flat")
+            .expect("ok")
+            .command
+        else {
+            panic!("boot");
+        };
+        assert_eq!((b.pmu, b.mem, b.timeout), (PmuArg::AmdK7, 64, 30));
+        assert_eq!(b.append, "-v");
+        for pmu in ["intel-v5", "intel-v2", "amd-perfmonv2", "amd-k7"] {
+            let Command::Boot(b) = parse(&format!("boot --pmu {pmu} z")).expect(pmu).command else {
+                panic!("boot");
+            };
+            assert_eq!(vpmu_machine::Shape::from(b.pmu).name(), pmu);
+        }
+        for bad in [
+            "boot",
+            "boot --pmu via x",
+            "boot --mem 1 x",
+            "boot --mem 4096 x",
+            "boot --timeout 0 x",
+        ] {
+            assert_eq!(parse(bad).expect_err(bad).exit_code(), 2, "{bad}");
+        }
     }
 
     #[test]

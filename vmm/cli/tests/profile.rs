@@ -69,6 +69,11 @@ fn check_names(doc: &serde_json::Value) -> Vec<(String, bool)> {
         .collect()
 }
 
+/// The JSON shape of domain `d`'s origin.
+fn origin(d: u32) -> serde_json::Value {
+    serde_json::json!({ "kind": "domain", "domain": d })
+}
+
 fn domain<'a>(doc: &'a serde_json::Value, origin: &serde_json::Value) -> &'a serde_json::Value {
     doc["report"]["domains"]
         .as_array()
@@ -101,9 +106,20 @@ fn default_all_mode() {
     assert_eq!(has("attribution 100 %"), 1, "{checks:?}");
     assert_eq!(has("self-mode run: attribution 100 %"), 1, "{checks:?}");
     assert_eq!(
-        has("dom"),
+        checks
+            .iter()
+            .filter(|(n, _)| n.starts_with("dom") && n.contains("function shares"))
+            .count(),
         3,
         "a share check per workload domain: {checks:?}"
+    );
+    assert_eq!(
+        checks
+            .iter()
+            .filter(|(n, _)| n.starts_with("dom") && n.contains("call-stack shares"))
+            .count(),
+        3,
+        "a stack-share check per workload domain: {checks:?}"
     );
     assert_eq!(
         has("seed 002"),
@@ -112,7 +128,7 @@ fn default_all_mode() {
     );
     // Every workload domain was sampled, its top function is its heaviest by construction.
     for (d, top) in [(1, "w1_deflate"), (2, "w2_lookup"), (3, "w3_merge")] {
-        let dom = domain(&doc, &serde_json::json!({ "Domain": d }));
+        let dom = domain(&doc, &origin(d));
         assert!(dom["samples"].as_u64().expect("samples") > 500, "{dom}");
         assert_eq!(dom["functions"][0]["name"], top, "{dom}");
         // Both vCPUs of the domain (the default is two) were sampled and told apart.
@@ -142,7 +158,7 @@ fn default_all_mode() {
             "no sample of pCPU {pcpu}"
         );
     }
-    let profiler = serde_json::json!({ "Domain": 0 });
+    let profiler = origin(0);
     assert!(
         samples
             .iter()
@@ -183,7 +199,10 @@ fn hv_mode_amd() {
             "{name}"
         );
     }
-    let hv = domain(&doc, &serde_json::json!("Hypervisor"));
+    let hv = domain(
+        &doc,
+        &serde_json::json!({ "kind": "hypervisor", "domain": null }),
+    );
     assert!(hv["samples"].as_u64().expect("samples") > 0, "{hv}");
     let top = hv["functions"][0]["name"].as_str().expect("a function");
     assert!(top.starts_with("vmm_"), "{hv}");
@@ -217,7 +236,7 @@ fn user_guests() {
     assert!(checks[1].0.starts_with("fairness"), "{checks:?}");
     assert!(check_failed(&doc).is_none(), "{checks:?}");
     for d in [1, 2] {
-        let dom = domain(&doc, &serde_json::json!({ "Domain": d }));
+        let dom = domain(&doc, &origin(d));
         assert_eq!(dom["name"], "example.elf", "{dom}");
         assert_eq!(dom["functions"][0]["name"], "example_sort", "{dom}");
         assert_eq!(dom["functions"][1]["name"], "example_hash", "{dom}");
@@ -312,6 +331,170 @@ fn short_run_skips_what_it_cannot_check() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Runs `program args`, expecting success; its stdout.
+fn tool(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {program} ({e}): scripts/setup.sh installs linux-perf and golang-go")
+        });
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{program} {} failed ({}):\n{stdout}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A short default profile opened with the tools people use: `perf report` and `perf script`
+/// read perf.data and find each domain's hot function with its caller; `go tool pprof` reads
+/// profile.pb.gz with the same stacks and labels; the collapsed stacks and samples.jsonl
+/// carry the call stacks, complete.
+fn tool_formats() {
+    let out = out_dir("tools");
+    let Some((doc, _)) = profile(&["--duration", "3", "--no-compare"], &out) else {
+        return;
+    };
+    assert_eq!(doc["schema_version"], 2);
+    assert_eq!(doc["report"]["event"]["name"], "cycles");
+    let period = doc["report"]["event"]["period"].as_u64().expect("period");
+    assert!(period > 0);
+    let perf_data = out.join("perf.data");
+    let perf_data = perf_data.to_str().expect("a UTF-8 path");
+    let hot = [
+        (1, "w1_main", "w1_deflate"),
+        (2, "w2_main", "w2_lookup"),
+        (3, "w3_main", "w3_merge"),
+    ];
+
+    // perf report: the event, each domain as a command with its image, the hot function with
+    // its caller under it.
+    let report = tool(
+        "perf",
+        &[
+            "report",
+            "-i",
+            perf_data,
+            "--stdio",
+            "--no-children",
+            "--comm",
+            "dom1,dom2,dom3",
+        ],
+    );
+    assert!(report.contains("of event 'cycles'"), "{report}");
+    for (d, caller, callee) in hot {
+        let line = report
+            .lines()
+            .find(|l| l.contains(&format!("dom{d}")) && l.ends_with(&format!("[.] {callee}")))
+            .unwrap_or_else(|| panic!("no dom{d} {callee} line in perf report:\n{report}"));
+        assert!(line.contains(&format!("dom{d}-work.elf")), "{line}");
+        let after = &report[report.find(line).expect("the line")..];
+        let block: Vec<&str> = after.lines().take(6).collect();
+        let callee_at = block
+            .iter()
+            .position(|l| l.trim() == format!("---{callee}"));
+        let caller_at = block.iter().position(|l| l.trim() == caller);
+        assert!(
+            matches!((callee_at, caller_at), (Some(a), Some(b)) if b == a + 1),
+            "{callee} is not called from {caller} in perf report:\n{}",
+            block.join("\n")
+        );
+    }
+
+    // perf script: every sample with its comm, time, period and event; chains symbolized.
+    let script = tool(
+        "perf",
+        &[
+            "script",
+            "-i",
+            perf_data,
+            "-F",
+            "comm,tid,time,period,event,ip,sym",
+        ],
+    );
+    for (d, caller, callee) in hot {
+        let header = format!("dom{d} ");
+        let found = script.split("\n\n").any(|s| {
+            let mut lines = s.lines();
+            let first = lines.next().unwrap_or("");
+            let frames: Vec<&str> = lines.filter_map(|l| l.split_whitespace().nth(1)).collect();
+            first.trim_start().starts_with(&header)
+                && first.contains(&format!("{period} cycles"))
+                && frames.len() >= 2
+                && frames[0] == callee
+                && frames[1] == caller
+        });
+        assert!(found, "no dom{d} sample {caller} → {callee} in perf script");
+    }
+
+    // go tool pprof: the hot functions, and their stacks with the domain label.
+    let pb = out.join("profile.pb.gz");
+    let pb = pb.to_str().expect("a UTF-8 path");
+    let top = tool(
+        "go",
+        &["tool", "pprof", "-top", "-sample_index=samples", pb],
+    );
+    for (_, _, callee) in hot {
+        assert!(top.contains(callee), "{callee} not in pprof -top:\n{top}");
+    }
+    for (d, caller, callee) in hot {
+        let focus = format!("-tagfocus=domain=dom{d}");
+        let traces = tool("go", &["tool", "pprof", "-traces", &focus, pb]);
+        let found = traces.split("-----------+").any(|t| {
+            let frames: Vec<&str> = t
+                .lines()
+                .filter(|l| !l.contains(':') && !l.trim_start().starts_with('-'))
+                .filter_map(|l| l.split_whitespace().last())
+                .collect();
+            t.contains(&format!("domain:  dom{d}"))
+                && t.contains("mode:  user")
+                && frames.len() >= 2
+                && frames[0] == callee
+                && frames[1] == caller
+        });
+        assert!(
+            found,
+            "no dom{d} trace {caller} → {callee} in pprof:\n{traces}"
+        );
+    }
+
+    // The collapsed stacks: domain → caller → callee.
+    let folded = std::fs::read_to_string(out.join("stacks.folded")).expect("stacks.folded");
+    for (d, caller, callee) in hot {
+        let stack = format!(";{caller};{callee} ");
+        assert!(
+            folded
+                .lines()
+                .any(|l| l.starts_with(&format!("dom{d};")) && l.contains(&stack)),
+            "{folded}"
+        );
+    }
+    let svg = std::fs::read_to_string(out.join("flamegraph.svg")).expect("flamegraph.svg");
+    assert!(svg.contains("w1_main") && svg.contains("w1_deflate"));
+
+    // Every workload sample's chain is complete, user and kernel alike.
+    let lines = std::fs::read_to_string(out.join("samples.jsonl")).expect("samples.jsonl");
+    let mut workload_samples = 0;
+    for line in lines.lines() {
+        let s: serde_json::Value = serde_json::from_str(line).expect("a JSON sample");
+        assert_eq!(s["schema_version"], 2);
+        assert!(s["time_ns"].as_u64().expect("time") > 0, "{s}");
+        if s["origin"]["domain"].as_u64().is_some_and(|d| d > 0) {
+            workload_samples += 1;
+            assert_eq!(s["chain_end"], "complete", "{s}");
+        }
+    }
+    assert!(
+        workload_samples > 300,
+        "{workload_samples} workload samples"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// One after the other: two profiles competing for the host's CPUs would skew both.
 #[test]
 fn profile_end_to_end() {
@@ -320,6 +503,7 @@ fn profile_end_to_end() {
     user_guests();
     fairness_in_every_mode();
     short_run_skips_what_it_cannot_check();
+    tool_formats();
 }
 
 #[test]

@@ -21,13 +21,25 @@ struct profile_config {
 };
 _Static_assert(sizeof(struct profile_config) == PROFILE_CONFIG_SIZE, "profile_config layout");
 
-/* One sample: the page's identity and flags and the full register set, as read. */
+/* One sample: the page's identity and flags, the full register set and the sample's details
+ * (ABI 1.2: TSC and its frequency, the page's sequence number, the overflowed counters, the
+ * call chain the hypervisor walked), as read. Only callchain[0..chain_len) is copied: the
+ * entries after it are left over from earlier samples and mean nothing. */
 struct batch_sample {
     u32 domain_id, vcpu_id, pcpu_id, flags;
     xenpmu_regs regs;
+    u64 tsc, tsc_khz, sequence, overflowed;
+    u32 chain_len, chain_end;
+    u64 callchain[BATCH_CHAIN_MAX];
 };
-_Static_assert(sizeof(struct batch_sample) == BATCH_SAMPLE_IDENTITY_SIZE + sizeof(xenpmu_regs),
+_Static_assert(offsetof(struct batch_sample, tsc) ==
+                   BATCH_SAMPLE_IDENTITY_SIZE + sizeof(xenpmu_regs),
                "batch_sample layout");
+_Static_assert(offsetof(struct batch_sample, callchain) ==
+                   BATCH_SAMPLE_IDENTITY_SIZE + sizeof(xenpmu_regs) + BATCH_SAMPLE_DETAILS_SIZE,
+               "batch_sample details");
+_Static_assert(BATCH_CHAIN_MAX == XENPMU_CALLCHAIN_MAX, "batch_sample chain");
+_Static_assert(sizeof(struct batch_sample) == BATCH_SAMPLE_SIZE, "batch_sample size");
 
 struct sample_batch {
     u32 magic;      /* SAMPLE_BATCH_MAGIC */

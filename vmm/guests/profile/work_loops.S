@@ -6,7 +6,12 @@
  *   workload 2: w2_parse 1, w2_lookup 3, w2_render 2  (16.7 %, 50 %, 33.3 %)
  *   workload 3: w3_scan 1, w3_sort 2, w3_merge 4      (14.3 %, 28.6 %, 57.1 %)
  * (distinct shares, so that the ranking of a domain's functions is well defined)
- * The mains' own instructions are a few per round (~0.01 %). */
+ * The mains' own instructions are a few per round (~0.01 %).
+ * Every function builds a frame-pointer frame (push %rbp; mov %rsp, %rbp), as the C code
+ * compiled with -fno-omit-frame-pointer does, so that the call chain the hypervisor walks at a
+ * sample names the caller: w1_deflate called from w1_main (user_enter starts the CPL3 stack
+ * with RBP = 0, which ends the chain). A sample on the prologue's two instructions misses its
+ * caller, as frame-pointer unwinding always does. */
     .set UNIT, 50000
 
     .macro SPIN name, units
@@ -14,9 +19,12 @@
     .globl \name
     .type \name, @function
 \name:
+    push %rbp
+    mov %rsp, %rbp
     mov $\units * UNIT, %ecx
 1:  dec %rcx
     jnz 1b
+    pop %rbp
     ret
     .size \name, . - \name
     .endm
@@ -26,6 +34,8 @@
     .globl \name
     .type \name, @function
 \name:
+    push %rbp
+    mov %rsp, %rbp
     push %rbx
     mov %rdi, %r8
     xor %ebx, %ebx
@@ -42,6 +52,7 @@
     jb 1b
     mov %rbx, %rax
     pop %rbx
+    pop %rbp
     ret
     .size \name, . - \name
     .endm

@@ -68,7 +68,15 @@ void put_dec(u64 v) {
     puts(b + i);
 }
 
-u32 cpu_id(void) { return (apic_read(0x20) >> 24) & (MAX_CPUS - 1); }
+int rt_x2apic;
+u32 cpu_id(void) {
+    if (rt_x2apic) {
+        u32 lo, hi;
+        __asm__ volatile("rdmsr" : "=a"(lo), "=d"(hi) : "c"(0x802u));
+        return lo & (MAX_CPUS - 1);
+    }
+    return (apic_read(0x20) >> 24) & (MAX_CPUS - 1);
+}
 
 static void send_record(u32 kind, const char *a, const char *b, int with_values, u64 got, u64 want);
 static void unexpected_gp(const char *what, u32 msr);

@@ -82,6 +82,9 @@ void rt_init(void);
 /* Points IDT vector `vec` at an `__attribute__((interrupt))` handler (interrupt gate, DPL0). */
 void set_gate(int vec, void *handler);
 u32 cpu_id(void); /* this CPU's LAPIC ID */
+/* Set by a guest whose every CPU has switched its LAPIC to x2APIC mode (ring0.c): cpu_id()
+ * then reads the ID by MSR (MMIO is off in that mode). */
+extern int rt_x2apic;
 /* Runs fn(arg) at CPL3 (IF set) on the user stack that ends at stack_top (16-byte aligned) and
  * returns its result. Interrupts and exceptions at CPL3 run on the caller's stack (TSS.RSP0);
  * fn's return lands on a `ud2` that the #UD handler turns into the return to the caller (`int n`

@@ -4,7 +4,7 @@
  * on the kernel stack, stores that stack pointer in *saved_rsp and in the vCPU's TSS.RSP0 (so
  * interrupts and exceptions taken at CPL3 push their frames just below it), pushes the address
  * of user_return on the user stack as fn's return address, sets *active = 1 and irets to fn(arg)
- * at CPL3 (CS 0x2b, SS 0x23, IF set). fn returns onto `ud2`; the #UD handler (rt.c) recognizes
+ * at CPL3 (CS 0x2b, SS 0x23, IF set) with RBP = 0, the outermost frame of fn's call chain. fn returns onto `ud2`; the #UD handler (rt.c) recognizes
  * user_return, clears *active and irets to user_resume at CPL0 on the saved stack, which
  * restores the registers and returns fn's RAX to user_enter's caller. */
     .text
@@ -30,6 +30,7 @@ user_enter:
     pushq $0x2b             /* CS: user 64-bit code, RPL3 */
     push %rax               /* RIP */
     movq $1, (%r9)
+    xor %ebp, %ebp          /* fn's frame-pointer chain starts here: it ends the call chain */
     iretq
 user_return:
     ud2

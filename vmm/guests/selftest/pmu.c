@@ -282,19 +282,22 @@ static void case_control_ops(void) {
 }
 
 static void case_unavailable_events(void) {
-    if (!intel) {
-        /* AMD has no availability vector: the cycles event is accepted and never counts. */
-        u64 c = count_gp(0, 0x76 | OS | EN, N);
-        report_val("AMD cycles (0x76) counts nothing under the precise source", c == 0, c, 0);
+    /* The precise source's cycle model: one core cycle per retired instruction. */
+    u64 ins = count_gp(0, 0xc0 | OS | EN, N);
+    u64 cyc = count_gp(0, (intel ? 0x3c : 0x76) | OS | EN, N);
+    report_val("core cycles count one per retired instruction under the precise source",
+               cyc == ins && ins > 0, cyc, ins);
+    if (!intel)
         return;
-    }
     u32 a, b, c, d;
     cpuid(0xa, 0, &a, &b, &c, &d);
-    report("leaf 0xA: instructions and branches available", (b & ((1u << 1) | (1u << 5))) == 0);
-    report("leaf 0xA: core/ref cycles, LLC, branch misses unavailable", (b & 0x5d) == 0x5d);
-    u64 cyc = count_gp(0, 0x3c | OS | EN, N);
-    report_val("unavailable core cycles event counts nothing", cyc == 0, cyc, 0);
-    report_val("only fixed counter 0 (instructions) enumerated", fixed == 1, fixed, 1);
+    report("leaf 0xA: core cycles, instructions and branches available",
+           (b & ((1u << 0) | (1u << 1) | (1u << 5))) == 0);
+    report("leaf 0xA: ref cycles, LLC, branch misses unavailable", (b & 0x5c) == 0x5c);
+    u64 ref = count_gp(0, 0x013c | OS | EN, N);
+    report_val("unavailable reference cycles event counts nothing", ref == 0, ref, 0);
+    report_val("fixed counters 0 (instructions) and 1 (core cycles) enumerated", fixed == 2,
+               fixed, 2);
 }
 
 static void case_all_counters_together(void) {
@@ -454,17 +457,90 @@ static void case_status_set(void) {
     }
 }
 
-static void case_rdpmc_not_virtualized(void) {
-    /* Known limitation of KVM (docs: RDPMC is answered by KVM's own PMU and cannot be routed
-     * to user space): with KVM's PMU off it raises #GP. Guests must read counters by RDMSR. */
-    u64 before = gp_faults;
+static u64 rdpmc_ecx(u32 ecx) {
     u32 lo, hi;
-    __asm__ volatile("rdpmc" : "=a"(lo), "=d"(hi) : "c"(0) : "memory");
-    (void)lo;
-    (void)hi;
-    report("RDPMC raises #GP (not virtualized; read counters with RDMSR)", gp_faults == before + 1);
+    __asm__ volatile("rdpmc" : "=a"(lo), "=d"(hi) : "c"(ecx) : "memory");
+    return (u64)hi << 32 | lo;
 }
 
+static void case_rdpmc(void) {
+    /* With KVM's PMU off, KVM raises #GP for RDPMC; the VMM completes it through the vpmu (at the
+     * #GP handler's breakpoint here, no counter being enabled): it reads what RDMSR of the
+     * counter reads, and an absent counter still #GPs (the handler skips 2 bytes). */
+    wrmsr(ctr_msr(0), 0x12345);
+    u64 before = gp_faults;
+    u64 v = rdpmc_ecx(0);
+    report_val("RDPMC(0) reads the value written to counter 0", v == 0x12345, v, 0x12345);
+    report_val("RDPMC(0) raises no #GP", gp_faults == before, gp_faults - before, 0);
+    (void)rdpmc_ecx(64);
+    report_val("RDPMC(64), no such counter, raises #GP", gp_faults == before + 1, gp_faults - before, 1);
+}
+
+
+/*
+ * Instructions completed on the guest's behalf count once, as retired (as KVM's
+ * kvm_pmu_instruction_retired does): inside a counted window, an RDMSR of a PMU MSR (a
+ * user-space exit, answered by the vpmu), an RDPMC (performed by the VMM at its step) and a
+ * CPUID (answered inside KVM). The window: the enabling WRMSR (counted, it retires with the
+ * counter on), mov, rdmsr, mov, xor, rdpmc, mov, cpuid, mov, mov, xor, and the stopping WRMSR
+ * (not counted): 11. RDMSR and RDPMC read the counter before they retire: 2 and 5.
+ */
+static void case_completed_instructions(void) {
+    u64 sel = ev_instructions() | OS | USR | EN;
+    wrmsr(ctr_msr(0), 0);
+    u32 on_msr, off_lo;
+    u64 on;
+    if (has_global()) {
+        wrmsr(global_ctrl_msr(), 0);
+        wrmsr(ctl_msr(0), sel);
+        on_msr = global_ctrl_msr();
+        on = 1;
+        off_lo = 0;
+    } else {
+        on_msr = ctl_msr(0);
+        on = sel;
+        off_lo = (u32)(sel & ~EN);
+    }
+    register u64 ctr __asm__("r8") = ctr_msr(0);
+    register u64 stop_msr __asm__("r9") = on_msr;
+    register u64 stop_lo __asm__("r10") = off_lo;
+    u32 read_by_rdmsr, read_by_rdpmc;
+    u32 lo = (u32)on, hi = (u32)(on >> 32), msr = on_msr;
+    __asm__ volatile(
+        "wrmsr\n\t"
+        "mov %%r8d, %%ecx\n\t"
+        "rdmsr\n\t"
+        "mov %%eax, %[by_rdmsr]\n\t"
+        "xor %%ecx, %%ecx\n\t"
+        "rdpmc\n\t"
+        "mov %%eax, %[by_rdpmc]\n\t"
+        "cpuid\n\t"
+        "mov %%r9d, %%ecx\n\t"
+        "mov %%r10d, %%eax\n\t"
+        "xor %%edx, %%edx\n\t"
+        "wrmsr\n\t"
+        : "+a"(lo), "+d"(hi), "+c"(msr), [by_rdpmc] "=&r"(read_by_rdpmc),
+          [by_rdmsr] "=&r"(read_by_rdmsr)
+        : "r"(ctr), "r"(stop_msr), "r"(stop_lo)
+        : "rbx", "memory", "cc");
+    wrmsr(ctl_msr(0), 0);
+    u64 count = rdmsr(ctr_msr(0));
+    report_val("window with RDMSR, RDPMC and CPUID counts 11", count == 11, count, 11);
+    report_val("RDMSR inside the window reads 2 (before it retires)", read_by_rdmsr == 2,
+               read_by_rdmsr, 2);
+    report_val("RDPMC inside the window reads 5 (before it retires)", read_by_rdpmc == 5,
+               read_by_rdpmc, 5);
+    /* While counting the VMM performs RDPMC at its step; an absent counter still #GPs there. */
+    u64 before = gp_faults;
+    wrmsr(ctl_msr(0), sel);
+    if (has_global()) wrmsr(global_ctrl_msr(), 1);
+    (void)rdpmc_ecx(64);
+    if (has_global()) wrmsr(global_ctrl_msr(), 0);
+    wrmsr(ctl_msr(0), 0);
+    u64 counted = rdmsr(ctr_msr(0));
+    report_val("RDPMC(64) while counting raises #GP", gp_faults == before + 1, gp_faults - before, 1);
+    report_val("and the counter kept counting", counted > count, counted, count + 1);
+}
 
 /*
  * Writing a running counter (kvm-unit-tests check_running_counter_wrmsr): the counter keeps
@@ -547,8 +623,9 @@ static const struct case_entry cases[] = {
     {"sample_mode", case_sample_mode},
     {"reset_state", case_reset_state},
     {"global_status_set", case_status_set},
-    {"rdpmc_not_virtualized", case_rdpmc_not_virtualized},
+    {"rdpmc", case_rdpmc},
     {"running_counter_write", case_running_counter_write},
+    {"completed_instructions_count_once", case_completed_instructions},
 };
 
 /* Starts a case: runtime set-up, the CASE line the VMM parses, vendor detection. */

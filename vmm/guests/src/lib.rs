@@ -8,6 +8,8 @@
 //! * `profile/`: the profiling and workload domains of `vpmu profile` (`PROFILER`, `WORK`) and
 //!   an example user guest (`EXAMPLE`).
 //! * `coverage/`: the guest side of `vpmu coverage` (`COVERAGE`).
+//! * `ring0/`: an inner hypervisor built from the vpmu crates at guest CPL0 on two vCPUs
+//!   (`RING0`, run by `vpmu-ring0`).
 #![deny(missing_docs)]
 
 /// The PMU conformance cases (`selftest/pmu.c`): entry argument = case index.
@@ -31,3 +33,8 @@ pub static COVERAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/coverage.
 
 /// The MSR-exit cost benchmark (`selftest/bench.c`).
 pub static BENCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bench.elf"));
+
+/// The ring-0 guest (`ring0/ring0.c` + the inner hypervisor `ring0/hv`, a Rust staticlib over
+/// the vpmu crates with the hardware MSR bus); empty if the staticlib could not be built here
+/// (see `build.rs`).
+pub static RING0: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ring0.elf"));

@@ -95,6 +95,8 @@ pub enum MachineError {
     #[error("timeout after {0:?}")]
     Timeout(Duration),
     /// `KVM_RUN` exited for a reason the machine does not handle.
+    #[error("boot image: {0}")]
+    Boot(String),
     #[error("unexpected exit {0}")]
     UnexpectedExit(String),
     /// A guest asked for something its layout cannot do (the guest protocol of `port`).

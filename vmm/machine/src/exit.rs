@@ -33,6 +33,7 @@ pub(super) enum Exit {
     },
     Out {
         port: u16,
+        size: usize,
         value: u32,
     },
     In {
@@ -94,6 +95,7 @@ impl<P: Personality> Runner<'_, P> {
                 b[..n].copy_from_slice(&data[..n]);
                 Exit::Out {
                     port,
+                    size: n,
                     value: u32::from_le_bytes(b),
                 }
             }

@@ -6,9 +6,9 @@ use zerocopy::FromBytes;
 
 use kvm_bindings::{
     CpuId, KVM_CAP_X86_USER_SPACE_MSR, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP,
-    KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL,
-    KVM_MSR_EXIT_REASON_UNKNOWN, kvm_enable_cap, kvm_guest_debug, kvm_segment,
-    kvm_userspace_memory_region,
+    KVM_GUESTDBG_USE_HW_BP, KVM_MAX_CPUID_ENTRIES, KVM_MSR_EXIT_REASON_FILTER,
+    KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN, kvm_enable_cap, kvm_guest_debug,
+    kvm_segment, kvm_userspace_memory_region,
 };
 use kvm_ioctls::{
     Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, SyncReg, VcpuFd, VmFd,
@@ -157,8 +157,20 @@ pub struct Vm {
 pub struct Vcpu {
     /// The vCPU fd.
     pub fd: VcpuFd,
-    /// Whether single-step is on.
-    stepping: bool,
+    /// What `KVM_SET_GUEST_DEBUG` last installed.
+    debug: GuestDebug,
+}
+
+/// What the VMM asks KVM to stop the guest for (`KVM_SET_GUEST_DEBUG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestDebug {
+    /// Nothing.
+    Off,
+    /// A `KVM_EXIT_DEBUG` after every instruction (CPL0 only on this host).
+    SingleStep,
+    /// A `KVM_EXIT_DEBUG` before the instruction at this linear address runs (a hardware
+    /// execution breakpoint in DR0).
+    Breakpoint(u64),
 }
 
 /// A denied range for the MSR filter: every bit 0.
@@ -169,10 +181,19 @@ impl Vm {
     /// exits for every MSR in `deny` (inclusive ranges), KVM's own PMU off, and the ELF
     /// executable `elf` loaded. Returns the VM and the entry point.
     pub fn new(kvm: &Kvm, deny: &[(u32, u32)], elf: &[u8]) -> Result<(Self, u64)> {
+        let vm = Self::empty(kvm, deny, MEM_SIZE)?;
+        setup_page_tables(&vm.mem)?;
+        let entry = crate::loader::load_elf(elf, &vm.mem)?;
+        Ok((vm, entry))
+    }
+
+    /// A VM with `mem_size` bytes of zeroed RAM at GPA 0 and nothing in it: irqchip,
+    /// user-space MSR exits for every MSR in `deny`, KVM's own PMU off.
+    pub fn empty(kvm: &Kvm, deny: &[(u32, u32)], mem_size: usize) -> Result<Self> {
         let vm = kvm
             .create_vm()
             .map_err(MachineError::kvm("KVM_CREATE_VM"))?;
-        let mem = GuestMem::new(MEM_SIZE)?;
+        let mem = GuestMem::new(mem_size)?;
         let region = kvm_userspace_memory_region {
             slot: 0,
             guest_phys_addr: 0,
@@ -234,9 +255,7 @@ impl Vm {
             .collect();
         vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
             .map_err(MachineError::kvm("KVM_X86_SET_MSR_FILTER"))?;
-        setup_page_tables(&mem)?;
-        let entry = crate::loader::load_elf(elf, &mem)?;
-        Ok((Self { vm, mem }, entry))
+        Ok(Self { vm, mem })
     }
 
     /// Creates vCPU `id` with `cpuid`, in 64-bit mode at `rip` with `rsp`, RDI and RSI set,
@@ -250,12 +269,7 @@ impl Vm {
         rdi: u64,
         rsi: u64,
     ) -> Result<Vcpu> {
-        let mut fd = self
-            .vm
-            .create_vcpu(id)
-            .map_err(MachineError::kvm("KVM_CREATE_VCPU"))?;
-        fd.set_cpuid2(cpuid)
-            .map_err(MachineError::kvm("KVM_SET_CPUID2"))?;
+        let fd = self.new_vcpu_fd(id, cpuid)?;
         setup_long_mode(&fd, id)?;
         if id < TSS_VCPUS {
             // TSS.RSP0 (offset 4), until the guest sets its own.
@@ -278,34 +292,117 @@ impl Vm {
             fd.set_mp_state(runnable)
                 .map_err(MachineError::kvm("KVM_SET_MP_STATE"))?;
         }
-        fd.set_sync_valid_reg(SyncReg::Register);
-        fd.set_sync_valid_reg(SyncReg::SystemRegister);
-        Ok(Vcpu {
-            fd,
-            stepping: false,
-        })
+        Ok(Vcpu::with_sync_regs(fd))
+    }
+
+    /// Creates vCPU `id` with `cpuid` as a multiboot loader leaves the boot processor: flat
+    /// 32-bit protected mode (CS 0x8 and data 0x10 of the GDT at `GDT`, base 0, limit 4 GiB),
+    /// paging off, interrupts off, at `entry` with EAX = `magic` and EBX = `info` (the
+    /// multiboot info block). ESP is 0: the image sets up its own stack.
+    pub fn create_flat32_vcpu(
+        &self,
+        id: u64,
+        cpuid: &CpuId,
+        entry: u64,
+        magic: u32,
+        info: u32,
+    ) -> Result<Vcpu> {
+        let fd = self.new_vcpu_fd(id, cpuid)?;
+        self.mem.write_u64(GDT, 0)?;
+        self.mem.write_u64(GDT + 8, 0x00cf_9b00_0000_ffff)?;
+        self.mem.write_u64(GDT + 16, 0x00cf_9300_0000_ffff)?;
+        let mut sregs = fd.get_sregs().map_err(MachineError::kvm("KVM_GET_SREGS"))?;
+        sregs.gdt.base = GDT;
+        sregs.gdt.limit = 3 * 8 - 1;
+        sregs.cs = segment(0x8, 0xb, false);
+        let data = segment(0x10, 0x3, false);
+        (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
+        sregs.cr0 = 0x11; // ET | PE
+        sregs.cr3 = 0;
+        sregs.cr4 = 0;
+        sregs.efer = 0;
+        fd.set_sregs(&sregs)
+            .map_err(MachineError::kvm("KVM_SET_SREGS"))?;
+        let mut regs = fd.get_regs().map_err(MachineError::kvm("KVM_GET_REGS"))?;
+        regs.rip = entry;
+        regs.rax = u64::from(magic);
+        regs.rbx = u64::from(info);
+        regs.rsp = 0;
+        regs.rflags = 0x2;
+        fd.set_regs(&regs)
+            .map_err(MachineError::kvm("KVM_SET_REGS"))?;
+        Ok(Vcpu::with_sync_regs(fd))
+    }
+
+    /// A new vCPU fd with `cpuid`. The PMU-honesty bits of `cpuid` are checked against what
+    /// KVM installed (`KVM_GET_CPUID2`): a host that forces a leaf through is named loudly.
+    fn new_vcpu_fd(&self, id: u64, cpuid: &CpuId) -> Result<VcpuFd> {
+        let fd = self
+            .vm
+            .create_vcpu(id)
+            .map_err(MachineError::kvm("KVM_CREATE_VCPU"))?;
+        fd.set_cpuid2(cpuid)
+            .map_err(MachineError::kvm("KVM_SET_CPUID2"))?;
+        if id == 0 {
+            if let Ok(installed) = fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES) {
+                for what in crate::personality::cpuid_differences(cpuid, &installed) {
+                    eprintln!(
+                        "vpmu: WARNING: KVM does not install the guest CPUID asked for: {what}"
+                    );
+                }
+            }
+        }
+        Ok(fd)
     }
 }
 
 impl Vcpu {
+    fn with_sync_regs(mut fd: VcpuFd) -> Self {
+        fd.set_sync_valid_reg(SyncReg::Register);
+        fd.set_sync_valid_reg(SyncReg::SystemRegister);
+        Vcpu {
+            fd,
+            debug: GuestDebug::Off,
+        }
+    }
+
     /// Turns VMM single-stepping on or off (no ioctl if unchanged).
     pub fn set_stepping(&mut self, on: bool) -> Result<()> {
-        if on == self.stepping {
+        self.set_debug(if on {
+            GuestDebug::SingleStep
+        } else {
+            GuestDebug::Off
+        })
+    }
+
+    /// Installs `debug` (no ioctl if unchanged).
+    pub fn set_debug(&mut self, debug: GuestDebug) -> Result<()> {
+        if debug == self.debug {
             return Ok(());
         }
-        let debug = kvm_guest_debug {
-            control: if on {
-                KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP
-            } else {
-                0
-            },
-            ..Default::default()
-        };
+        let mut request = kvm_guest_debug::default();
+        match debug {
+            GuestDebug::Off => {}
+            GuestDebug::SingleStep => {
+                request.control = KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP;
+            }
+            GuestDebug::Breakpoint(address) => {
+                request.control = KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP;
+                request.arch.debugreg[0] = address;
+                // DR7: L0, an execution breakpoint (R/W0 = 00, LEN0 = 00).
+                request.arch.debugreg[7] = 0x1;
+            }
+        }
         self.fd
-            .set_guest_debug(&debug)
+            .set_guest_debug(&request)
             .map_err(MachineError::kvm("KVM_SET_GUEST_DEBUG"))?;
-        self.stepping = on;
+        self.debug = debug;
         Ok(())
+    }
+
+    /// What `KVM_SET_GUEST_DEBUG` last installed.
+    pub fn debug(&self) -> GuestDebug {
+        self.debug
     }
 }
 

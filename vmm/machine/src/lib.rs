@@ -51,12 +51,14 @@ use crate::error::Result;
 pub use crate::kvm::{GuestMem, Vm};
 use crate::kvm::{STACK_TOP, Vcpu};
 use crate::personality::Personality;
+pub use vpmu_models::shapes::Shape;
 
 use exit::MsrHandler;
 use platform::{Host, PlatformState};
 pub use platform::{PmiContext, VmmActivity};
 use runner::{Rendezvous, Runner};
 
+pub mod boot;
 pub mod error;
 mod exit;
 mod halt;
@@ -67,6 +69,7 @@ pub mod personality;
 mod platform;
 pub mod port;
 mod precise;
+mod rdpmc;
 mod runner;
 mod sched;
 pub mod symbols;
@@ -352,6 +355,13 @@ pub trait GuestPorts: Send + Sync {
     /// `outl(port, value)` by `access.vcpu`. Ports the extension does not know are ignored
     /// (`Ok`), as the machine ignores unknown ports.
     fn out(&self, access: PortAccess<'_>, port: u16, value: u32) -> Result<(), String>;
+
+    /// A PMU MSR exit of `access.vcpu` (RDMSR, or WRMSR of `Some(value)`), before the vpmu
+    /// answers it: which vCPU each access came from, for consumers that check where a guest's
+    /// accesses land (`vpmu-ring0`). The default ignores it.
+    fn msr(&self, access: PortAccess<'_>, msr: u32, write: Option<u64>) {
+        let _ = (access, msr, write);
+    }
 }
 
 /// How the vCPUs of a run map to domains, host threads and pCPUs.
@@ -441,6 +451,9 @@ pub struct Machine<P: Personality> {
     finish_with: Option<Vec<u32>>,
     /// Guest memory to copy into the results after the run: (domain, GPA, bytes).
     peeks: Vec<(u32, u64, usize)>,
+    /// Boot-image mode (`boot`): the PC devices of its one vCPU, which replace the project's
+    /// guest ports.
+    devices: Option<boot::PcDevices>,
 }
 
 impl<P: Personality> std::fmt::Debug for Machine<P> {
@@ -504,7 +517,7 @@ impl<P: Personality> Machine<P> {
         arg: u64,
         layout: Layout,
     ) -> Result<Self> {
-        let (counts, pcpu_count) = layout.shape();
+        let (counts, _) = layout.shape();
         layout.check_domains()?;
         let mut cpuid = base_cpuid.clone();
         personality.cpuid(&mut cpuid);
@@ -520,6 +533,18 @@ impl<P: Personality> Machine<P> {
             }
             vms.push(vm);
         }
+        Self::assemble(personality, layout, vms, vcpus)
+    }
+
+    /// The machine of `layout` over its VMs (by domain) and vCPUs (domain by domain): the
+    /// vpmu in self mode, one pCPU per vCPU or per shared pCPU.
+    fn assemble(
+        personality: P,
+        layout: Layout,
+        vms: Vec<Vm>,
+        vcpus: Vec<(VcpuId, Vcpu)>,
+    ) -> Result<Self> {
+        let (counts, pcpu_count) = layout.shape();
         let vpmu = Vpmu::new(personality.backend(), Mode::SelfProfiling, pcpu_count);
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..pcpu_count).map(|_| mpsc::channel()).unzip();
@@ -565,6 +590,7 @@ impl<P: Personality> Machine<P> {
             extension: None,
             finish_with: None,
             peeks: Vec::new(),
+            devices: None,
         })
     }
 
@@ -588,6 +614,7 @@ impl<P: Personality> Machine<P> {
             extension,
             finish_with,
             peeks,
+            devices,
         } = self;
         let count = vcpus.len() as u32;
         let vcpu_ids: Vec<VcpuId> = vcpus.iter().map(|&(id, _)| id).collect();
@@ -632,6 +659,14 @@ impl<P: Personality> Machine<P> {
             halted_ns: 0,
             halted_in_run: false,
             halted_at_entry: false,
+            devices: None,
+            stepping_over: false,
+        });
+        // Boot-image mode has one vCPU, which gets the devices.
+        let mut devices = devices;
+        let runners = runners.map(move |mut r| {
+            r.devices = devices.take();
+            r
         });
         let mut results = if shared_layout {
             Self::run_pcpus(runners.collect(), pcpus, timeout, finish_with.as_deref())

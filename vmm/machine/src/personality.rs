@@ -6,7 +6,7 @@
 //!
 //! Each personality runs under one event [`Source`], and what that source cannot count is
 //! advertised as unavailable. Intel: through the leaf 0xA EBX vector and the fixed counters
-//! present (precise: instructions and branches, fixed counter 0; timed: core and reference
+//! present (precise: instructions, branches and core cycles, fixed counters 0 and 1; timed: core and reference
 //! cycles, fixed counters 1 and 2 through the v5 bitmap; v2 keeps three contiguous fixed
 //! counters, of which only the ones of its source count). AMD has no availability vector,
 //! which is a limitation of the AMD personality: events its source cannot count are accepted
@@ -96,6 +96,57 @@ fn edit_leaf(cpuid: &mut CpuId, function: u32, edit: impl FnOnce(&mut kvm_cpuid_
     }
 }
 
+/// CPUID.(EAX=7,ECX=0):EBX HLE (4) and RTM (11): TSX. XBEGIN at guest CPL0 raises #UD in
+/// this host's KVM emulator, so no personality advertises TSX (a guest told of RTM counts
+/// transactional cycles that cannot happen: kvm-unit-tests' `check_tsx_cycles`).
+const LEAF7_EBX_TSX: u32 = 1 << 4 | 1 << 11;
+/// CPUID.(EAX=7,ECX=0):EDX RTM_ALWAYS_ABORT (11) and TSX_FORCE_ABORT (13): TSX too.
+const LEAF7_EDX_TSX: u32 = 1 << 11 | 1 << 13;
+/// CPUID.1:ECX PDCM (IA32_PERF_CAPABILITIES).
+const LEAF1_ECX_PDCM: u32 = 1 << 15;
+
+/// What every personality hides from the guest because it cannot use it: TSX.
+fn hide_unusable(cpuid: &mut CpuId) {
+    if let Some(e) = cpuid
+        .as_mut_slice()
+        .iter_mut()
+        .find(|e| e.function == 7 && e.index == 0)
+    {
+        e.ebx &= !LEAF7_EBX_TSX;
+        e.edx &= !LEAF7_EDX_TSX;
+    }
+}
+
+/// The leaves the personalities edit for honesty (PMU enumeration, TSX) on which `installed`
+/// (what `KVM_GET_CPUID2` reports) differs from `asked` (what was set): one line each. A host
+/// that forced a leaf through would make the guest see what it cannot use.
+pub fn cpuid_differences(asked: &CpuId, installed: &CpuId) -> Vec<String> {
+    let leaf = |c: &CpuId, function: u32, index: u32| {
+        c.as_slice()
+            .iter()
+            .find(|e| e.function == function && e.index == index)
+            .map(|e| [e.eax, e.ebx, e.ecx, e.edx])
+    };
+    // (function, index, the register bits that matter: eax, ebx, ecx, edx masks).
+    let checked: [(u32, u32, [u32; 4]); 5] = [
+        (1, 0, [0, 0, LEAF1_ECX_PDCM, 0]),
+        (7, 0, [0, LEAF7_EBX_TSX, 0, LEAF7_EDX_TSX]),
+        (0xa, 0, [u32::MAX; 4]),
+        (0x8000_0001, 0, [0, 0, vpmu_amd::CPUID_PERF_CTR_EXT_CORE, 0]),
+        (CPUID_PERFMON_LEAF, 0, [u32::MAX; 4]),
+    ];
+    checked
+        .iter()
+        .filter_map(|&(function, index, masks)| {
+            let a = leaf(asked, function, index).unwrap_or_default();
+            let i = leaf(installed, function, index).unwrap_or_default();
+            let differs = (0..4).any(|r| (a[r] ^ i[r]) & masks[r] != 0);
+            differs
+                .then(|| format!("leaf {function:#x}.{index}: asked {a:08x?}, installed {i:08x?}"))
+        })
+        .collect()
+}
+
 fn vendor_words(vendor: &[u8; 12]) -> (u32, u32, u32) {
     let w = |i: usize| u32::from_le_bytes([vendor[i], vendor[i + 1], vendor[i + 2], vendor[i + 3]]);
     (w(0), w(4), w(8))
@@ -111,9 +162,10 @@ pub struct Intel {
     pub shape: IntelShape,
 }
 
-/// Architectural events the precise source cannot count (leaf 0xA EBX: core cycles 0,
-/// reference cycles 2, LLC references 3, LLC misses 4, branch misses 6, topdown slots 7).
-pub const INTEL_UNAVAILABLE_PRECISE: u32 = 0b1101_1101;
+/// Architectural events the precise source cannot count (leaf 0xA EBX: reference cycles 2,
+/// LLC references 3, LLC misses 4, branch misses 6, topdown slots 7). It counts instructions,
+/// branches and core cycles (one per retired instruction: `precise.rs`).
+pub const INTEL_UNAVAILABLE_PRECISE: u32 = 0b1101_1100;
 /// Architectural events the timed source cannot count: all but core (0) and reference (2)
 /// cycles.
 pub const INTEL_UNAVAILABLE_TIMED: u32 = 0b1111_1010;
@@ -128,7 +180,7 @@ fn intel_unavailable(source: Source) -> u32 {
 }
 
 impl Intel {
-    /// Version 5 (the `intel-v5` test shape): 8 GP counters, FW_WRITE; fixed counter 0
+    /// Version 5 (the `intel-v5` test shape): 8 GP counters, FW_WRITE; fixed counters 0 and 1
     /// (precise) or 1 and 2 (timed).
     pub fn v5(source: Source) -> Self {
         Self {
@@ -138,7 +190,7 @@ impl Intel {
     }
 
     /// Version 2 (the `intel-v2` test shape): 4 GP counters, legacy writes only; fixed counter
-    /// 0 (precise) or 0–2 (timed: v2 has no bitmap; fixed counter 0 never counts).
+    /// 0 and 1 (precise) or 0–2 (timed: v2 has no bitmap; fixed counter 0 never counts).
     pub fn v2(source: Source) -> Self {
         Self {
             source,
@@ -187,9 +239,10 @@ impl Personality for Intel {
             e.eax = e.eax.max(0xa);
             (e.ebx, e.ecx, e.edx) = (b, c, d);
         });
+        hide_unusable(cpuid);
         let caps = self.shape.caps();
-        let pdcm = u32::from(caps.has_perf_capabilities()) << 15;
-        edit_leaf(cpuid, 1, |e| e.ecx = (e.ecx & !(1 << 15)) | pdcm);
+        let pdcm = u32::from(caps.has_perf_capabilities()) * LEAF1_ECX_PDCM;
+        edit_leaf(cpuid, 1, |e| e.ecx = (e.ecx & !LEAF1_ECX_PDCM) | pdcm);
         set_leaf(
             cpuid,
             0xa,
@@ -267,6 +320,9 @@ impl Personality for Amd {
     fn cpuid(&self, cpuid: &mut CpuId) {
         let (b, d, c) = vendor_words(b"AuthenticAMD");
         edit_leaf(cpuid, 0, |e| (e.ebx, e.ecx, e.edx) = (b, c, d));
+        hide_unusable(cpuid);
+        // IA32_PERF_CAPABILITIES is Intel's (and faults here, another vendor's PMU MSR).
+        edit_leaf(cpuid, 1, |e| e.ecx &= !LEAF1_ECX_PDCM);
         set_leaf(cpuid, 0xa, 0, [0; 4]);
         let leaves = self.shape.caps().guest_leaves();
         edit_leaf(cpuid, 0x8000_0001, |e| {
@@ -313,7 +369,8 @@ mod tests {
         assert_eq!(a.eax & 0xff, 5);
         assert_eq!((a.eax >> 8) & 0xff, 8);
         assert_eq!(a.ebx, INTEL_UNAVAILABLE_PRECISE);
-        assert_eq!(a.edx & 0x1f, 1);
+        // Fixed counters 0 (instructions) and 1 (core cycles): what the precise source counts.
+        assert_eq!(a.edx & 0x1f, 2);
         assert_eq!(
             leaf(&c, 1).expect("leaf 1").ecx & (1 << 15),
             1 << 15,
@@ -345,6 +402,40 @@ mod tests {
         Amd::k7(Source::Precise).cpuid(&mut k7);
         assert_eq!(leaf(&k7, 0x8000_0001).expect("ext").ecx & (1 << 23), 0);
         assert_eq!(leaf(&k7, 0x8000_0022).expect("zeroed").eax, 0);
+    }
+
+    #[test]
+    fn no_personality_advertises_tsx_and_differences_are_named() {
+        let mut with_tsx = base();
+        let leaf7 = kvm_cpuid_entry2 {
+            function: 7,
+            ebx: LEAF7_EBX_TSX | 1,
+            edx: LEAF7_EDX_TSX,
+            ..Default::default()
+        };
+        with_tsx.push(leaf7).expect("room");
+        let host = with_tsx.clone();
+        let mut amd = with_tsx.clone();
+        Intel::v2(Source::Precise).cpuid(&mut with_tsx);
+        Amd::k7(Source::Precise).cpuid(&mut amd);
+        for c in [&with_tsx, &amd] {
+            let l7 = c
+                .as_slice()
+                .iter()
+                .find(|e| e.function == 7)
+                .expect("leaf 7");
+            assert_eq!((l7.ebx, l7.edx), (1, 0), "TSX hidden, the rest kept");
+        }
+        assert!(cpuid_differences(&with_tsx, &with_tsx).is_empty());
+        let named = cpuid_differences(&with_tsx, &host);
+        assert!(
+            named.iter().any(|d| d.starts_with("leaf 0x7.0")),
+            "{named:?}"
+        );
+        assert!(
+            named.iter().any(|d| d.starts_with("leaf 0xa.0")),
+            "{named:?}"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::{GuestPorts, PortAccess};
 use crate::error::{MachineError, Result};
 use crate::halt::HaltClock;
 use crate::kick::Kick;
-use crate::kvm::{Vcpu, Vm};
+use crate::kvm::{GuestDebug, Vcpu, Vm};
 use crate::personality::{Personality, Source};
 use crate::port;
 
@@ -68,6 +68,10 @@ pub(super) struct Runner<'a, P: Personality> {
     /// The vCPU was halted in its last `KVM_RUN`; it was still halted at that run's exit.
     pub(super) halted_in_run: bool,
     pub(super) halted_at_entry: bool,
+    /// Boot-image mode: the PC devices, which replace the project's guest ports.
+    pub(super) devices: Option<crate::boot::PcDevices>,
+    /// The next entry single-steps once over the #GP handler's breakpoint (`rdpmc`).
+    pub(super) stepping_over: bool,
 }
 
 /// A runner's view for one call into the core: the platform, its pCPU's parts, the shared
@@ -524,7 +528,12 @@ impl<'a, P: Personality> Runner<'a, P> {
                 kick.kick().arm(Some(deadline));
                 armed = Some(deadline);
             }
-            self.vcpu.set_stepping(step)?;
+            let debug = if step || self.stepping_over {
+                GuestDebug::SingleStep
+            } else {
+                self.unstepped_debug()
+            };
+            self.vcpu.set_debug(debug)?;
             if !step {
                 // An injected interrupt's handler runs unstepped: nothing to attribute.
                 self.state.injected = None;
@@ -570,13 +579,25 @@ impl<'a, P: Personality> Runner<'a, P> {
                 msr_exit = Some(locks_at_exit);
             }
             match exit {
+                Exit::Debug { pc } if matches!(debug, GuestDebug::Breakpoint(at) if at == pc) => {
+                    // The guest's #GP handler is about to run: a faulting RDPMC?
+                    self.rdpmc_at_gp_handler()?;
+                }
                 Exit::Debug { pc } => {
                     result.steps += 1;
-                    self.retire();
-                    self.next_rip = pc;
+                    self.stepping_over = false;
+                    if step {
+                        self.retire(pc);
+                        self.next_rip = pc;
+                        self.rdpmc_at_step()?;
+                    } else {
+                        // A step over the #GP handler's breakpoint: nothing counts.
+                        self.next_rip = pc;
+                    }
                 }
                 Exit::Rdmsr { index, data, error } => {
                     result.msr_exits += 1;
+                    self.observe_msr(index, None);
                     self.next_rip = self.sync.regs.rip;
                     let t = Instant::now();
                     let value = self.rdmsr(index);
@@ -596,6 +617,7 @@ impl<'a, P: Personality> Runner<'a, P> {
                     error,
                 } => {
                     result.msr_exits += 1;
+                    self.observe_msr(index, Some(value));
                     self.next_rip = self.sync.regs.rip;
                     let t = Instant::now();
                     let ok = self.wrmsr(index, value);
@@ -605,7 +627,23 @@ impl<'a, P: Personality> Runner<'a, P> {
                         unsafe { *error = 1 };
                     }
                 }
-                Exit::Out { port, value } => match port {
+                Exit::Out { port, size, value } if self.devices.is_some() => {
+                    let devices = self.devices.as_mut().expect("checked");
+                    if let crate::boot::PortEffect::Exit(code) =
+                        devices.out(port, size, value, &mut result.console)
+                    {
+                        result.status = Some(code);
+                        return Ok(true);
+                    }
+                }
+                Exit::In { port, data, len } if self.devices.is_some() => {
+                    let devices = self.devices.as_mut().expect("checked");
+                    let bytes = devices.input(port, len).to_le_bytes();
+                    // SAFETY: `data` points at `len` bytes of the kvm_run page (the I/O data
+                    // area KVM named in the exit), alive while the vCPU fd lives.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, len.min(4)) };
+                }
+                Exit::Out { port, value, .. } => match port {
                     port::CONSOLE => result.console.push(char::from(value as u8)),
                     port::EXIT => {
                         result.status = Some(value);
@@ -676,6 +714,17 @@ impl<'a, P: Personality> Runner<'a, P> {
         self.cpu.as_ref().is_some_and(|cpu| {
             matches!(cpu.pmu.system(), SystemContext::Cached { profiler, .. } if *profiler == self.me)
         })
+    }
+
+    /// Tells the consumer's extension, if any, of a PMU MSR exit of this vCPU.
+    fn observe_msr(&self, msr: u32, write: Option<u64>) {
+        if let Some(extension) = self.extension {
+            let access = PortAccess {
+                vcpu: self.me,
+                memory: &self.vm.mem,
+            };
+            extension.msr(access, msr, write);
+        }
     }
 
     /// The guest's execution mode at the last exit.

@@ -15,13 +15,18 @@
 //! the public constants below.
 
 mod error;
+pub mod outputs;
+pub mod perf_data;
+pub mod pprof;
 pub mod protocol;
 pub mod report;
 pub mod run;
 pub mod sample;
+pub mod stacks;
 pub mod sweep;
 
 pub mod validate;
+pub mod validate_stacks;
 pub mod workloads;
 
 use std::path::{Path, PathBuf};
@@ -314,34 +319,56 @@ pub fn report_of(
     )
 }
 
+/// The version of `profile.json`'s shape (`schema_version` at its top); 2 added it, the
+/// `{kind, domain}` origin, the sampled event (`report.event`), call-chain ends per domain
+/// (`chains`) and the call stacks (`report.stacks`).
+pub const PROFILE_SCHEMA_VERSION: u32 = 2;
+
+/// The version of `samples.jsonl`'s object shape (`schema_version` in every line); 2 added
+/// `schema_version`, the `{kind, domain}` origin, time, sequence, overflowed counters and
+/// call stacks.
+pub const SAMPLES_SCHEMA_VERSION: u32 = 2;
+
 /// Every sample of `data` as one JSON object per line: who it caught, where (symbolized from
 /// that domain's image), and the full register set the profiling guest read from its page.
 fn samples_jsonl(data: &RunData, workloads: &[DomainPlan]) -> String {
     let infos = domain_infos(data, workloads);
     let mut out = String::new();
     for s in data.samples() {
-        let function = infos
+        let symbols = infos
             .iter()
             .find(|d| d.origin == s.origin)
-            .and_then(|d| d.symbols.lookup(s.rip));
+            .map(|d| &d.symbols);
+        let function = symbols.and_then(|sym| sym.lookup(s.rip));
         let r = &s.regs;
         let hex = |v: u64| format!("{v:#x}");
+        let d = &s.details;
+        let regs = serde_json::json!({
+            "rax": hex(r.rax), "rbx": hex(r.rbx), "rcx": hex(r.rcx), "rdx": hex(r.rdx),
+            "rsi": hex(r.rsi), "rdi": hex(r.rdi), "rbp": hex(r.rbp), "rsp": hex(r.rsp),
+            "r8": hex(r.r8), "r9": hex(r.r9), "r10": hex(r.r10), "r11": hex(r.r11),
+            "r12": hex(r.r12), "r13": hex(r.r13), "r14": hex(r.r14), "r15": hex(r.r15),
+            "rip": hex(r.rip), "rflags": hex(r.rflags),
+            "cs": r.cs, "ss": r.ss, "ds": r.ds, "es": r.es, "fs": r.fs, "gs": r.gs,
+            "cpl": r.cpl, "mode": r.mode,
+        });
         let line = serde_json::json!({
+            "schema_version": SAMPLES_SCHEMA_VERSION,
             "origin": s.origin,
+            "time_ns": d.time_ns(),
+            "tsc": d.tsc,
+            "tsc_khz": d.tsc_khz,
+            "sequence": d.sequence,
+            "overflowed": hex(d.overflowed),
+            "stack": stacks::frames(s, symbols),
+            "callchain": d.chain.addresses().iter().map(|&a| hex(a)).collect::<Vec<_>>(),
+            "chain_end": d.chain.end(),
             "vcpu": s.vcpu,
             "pcpu": s.pcpu,
             "user": s.user,
             "function": function,
             "shipped_by": s.shipped_by,
-            "regs": {
-                "rax": hex(r.rax), "rbx": hex(r.rbx), "rcx": hex(r.rcx), "rdx": hex(r.rdx),
-                "rsi": hex(r.rsi), "rdi": hex(r.rdi), "rbp": hex(r.rbp), "rsp": hex(r.rsp),
-                "r8": hex(r.r8), "r9": hex(r.r9), "r10": hex(r.r10), "r11": hex(r.r11),
-                "r12": hex(r.r12), "r13": hex(r.r13), "r14": hex(r.r14), "r15": hex(r.r15),
-                "rip": hex(r.rip), "rflags": hex(r.rflags),
-                "cs": r.cs, "ss": r.ss, "ds": r.ds, "es": r.es, "fs": r.fs, "gs": r.gs,
-                "cpl": r.cpl, "mode": r.mode,
-            },
+            "regs": regs,
         });
         out.push_str(&line.to_string());
         out.push('\n');
@@ -352,6 +379,7 @@ fn samples_jsonl(data: &RunData, workloads: &[DomainPlan]) -> String {
 /// The JSON document: the report, its delivery numbers, and the comparison run's.
 #[derive(Serialize)]
 struct Document<'a> {
+    schema_version: u32,
     report: &'a Report,
     delivery: Delivery,
     comparison: Option<Comparison<'a>>,
@@ -413,6 +441,9 @@ fn profile_with<P: Personality + Copy + Sync>(
         data.frequency,
     ));
     report.checks.extend(validate::shares(&report, &built_in));
+    report
+        .checks
+        .extend(validate_stacks::stack_shares(&report, &built_in));
     let compare =
         options.compare && options.mode == Mode::All && built_in.iter().all(Option::is_some);
     let comparison = if compare {
@@ -441,6 +472,9 @@ fn profile_with<P: Personality + Copy + Sync>(
             &built_in,
         ));
         own_report.checks = validate::shares(&own_report, &built_in);
+        own_report
+            .checks
+            .extend(validate_stacks::stack_shares(&own_report, &built_in));
         Some((own_report, Delivery::of(&own)))
     } else {
         None
@@ -462,6 +496,7 @@ fn profile_with<P: Personality + Copy + Sync>(
     std::fs::write(&samples, samples_jsonl(&data, &workloads))
         .map_err(ProfileError::write(&samples))?;
     write_outputs(&options.out, &report, &text, delivery, comparison.as_ref())?;
+    write_tool_formats(&options.out, &data, &workloads, &report, options.duration)?;
     Ok(!report.checks.iter().any(report::Check::fails))
 }
 
@@ -478,6 +513,7 @@ fn write_outputs(
     report.write_svg(&svg).map_err(ProfileError::write(&svg))?;
     let json = out.join("profile.json");
     let doc = Document {
+        schema_version: PROFILE_SCHEMA_VERSION,
         report,
         delivery,
         comparison: comparison.map(|(r, d)| Comparison {
@@ -492,6 +528,70 @@ fn write_outputs(
         txt.display(),
         svg.display(),
         json.display()
+    );
+    Ok(())
+}
+
+/// The ELF image of each domain of a run: the profiler's and each workload domain's.
+fn images(workloads: &[DomainPlan]) -> Vec<outputs::Image<'_>> {
+    let mut images = vec![outputs::Image {
+        origin: Origin::Domain(0),
+        file_name: "profiler.elf".into(),
+        elf: vpmu_guests::PROFILER,
+    }];
+    for (i, w) in workloads.iter().enumerate() {
+        images.push(outputs::Image {
+            origin: Origin::Domain(i as u32 + 1),
+            // "work.elf (compressor)" for the built-ins, the file's name for the user's.
+            file_name: w.name.split(' ').next().unwrap_or("guest.elf").into(),
+            elf: &w.image,
+        });
+    }
+    images
+}
+
+/// Writes the formats other tools read: `perf.data` (with the images it maps under
+/// `images/`), `profile.pb.gz` and `stacks.folded`.
+fn write_tool_formats(
+    out: &Path,
+    data: &RunData,
+    workloads: &[DomainPlan],
+    report: &Report,
+    duration: Duration,
+) -> Result<(), ProfileError> {
+    let images = images(workloads);
+    let folder = out.join("images");
+    let paths = outputs::write_images(out, &images).map_err(ProfileError::write(&folder))?;
+    let samples: Vec<_> = data.samples().copied().collect();
+    let perf = out.join("perf.data");
+    let label = format!(
+        "vpmu profile {} mode {} Hz",
+        data.mode.name(),
+        data.frequency
+    );
+    let bytes = outputs::perf_data(&samples, &images, &paths, data.period, data.pcpus, &label)
+        .map_err(ProfileError::write(&perf))?;
+    std::fs::write(&perf, bytes).map_err(ProfileError::write(&perf))?;
+    let pb = out.join("profile.pb.gz");
+    let profile = outputs::pprof(
+        &samples,
+        &domain_infos(data, workloads),
+        &images,
+        &paths,
+        data.period,
+        duration.as_nanos() as u64,
+    );
+    let bytes = pprof::encode_gz(&profile).map_err(ProfileError::write(&pb))?;
+    std::fs::write(&pb, bytes).map_err(ProfileError::write(&pb))?;
+    let folded = out.join("stacks.folded");
+    std::fs::write(&folded, outputs::collapsed(report)).map_err(ProfileError::write(&folded))?;
+    println!(
+        "wrote {}, {} and {} (perf report -i {} --stdio; go tool pprof -top {})",
+        perf.display(),
+        pb.display(),
+        folded.display(),
+        perf.display(),
+        pb.display()
     );
     Ok(())
 }

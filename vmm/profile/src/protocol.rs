@@ -11,7 +11,7 @@ use vpmu_guest_protocol::profile as wire;
 use vpmu_machine::{GuestPorts, PortAccess};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use super::sample::{Origin, ProfileSample};
+use super::sample::{CallChain, ChainEnd, Origin, ProfileSample, SampleDetails};
 
 /// `PORT_BATCH`: `outl` with the guest-physical address of a `struct sample_batch`; the
 /// profiler's `BatchPort` copies it out.
@@ -66,6 +66,20 @@ pub struct BatchSample {
     pub flags: u32,
     /// The sampled registers.
     pub regs: Regs,
+    /// The page's `sample.tsc`.
+    pub tsc: u64,
+    /// `sample.tsc_khz`.
+    pub tsc_khz: u64,
+    /// `sample.sequence`.
+    pub sequence: u64,
+    /// `sample.overflowed`.
+    pub overflowed: u64,
+    /// `sample.chain_len`: valid entries of `callchain` (at most `BATCH_CHAIN_MAX`).
+    pub chain_len: u32,
+    /// `sample.chain_end` (`XENPMU_CHAIN_*`).
+    pub chain_end: u32,
+    /// `sample.callchain[..chain_len]`; later entries are stale and never read.
+    pub callchain: [u64; wire::BATCH_CHAIN_MAX],
 }
 
 /// `struct sample_batch`'s header.
@@ -91,10 +105,16 @@ pub const SAMPLE_SIZE: usize = size_of::<BatchSample>();
 
 static_assertions::const_assert_eq!(size_of::<ProfileConfig>(), wire::PROFILE_CONFIG_SIZE);
 static_assertions::const_assert_eq!(BATCH_HEADER, wire::BATCH_HEADER_SIZE);
+static_assertions::const_assert_eq!(SAMPLE_SIZE, wire::BATCH_SAMPLE_SIZE);
 static_assertions::const_assert_eq!(
-    SAMPLE_SIZE,
+    core::mem::offset_of!(BatchSample, tsc),
     wire::BATCH_SAMPLE_IDENTITY_SIZE + size_of::<Regs>()
 );
+static_assertions::const_assert_eq!(
+    core::mem::offset_of!(BatchSample, callchain),
+    wire::BATCH_SAMPLE_IDENTITY_SIZE + size_of::<Regs>() + wire::BATCH_SAMPLE_DETAILS_SIZE
+);
+static_assertions::const_assert_eq!(wire::BATCH_CHAIN_MAX, vpmu::abi::XENPMU_CALLCHAIN_MAX);
 static_assertions::const_assert_eq!(size_of::<Regs>(), 168);
 
 /// What is wrong with a batch.
@@ -116,6 +136,17 @@ pub enum BatchProblem {
         count: u32,
         /// Bytes after the header.
         bytes: usize,
+    },
+    /// A sample's call chain is malformed: longer than the chain holds, an unknown end
+    /// reason, or entries with no chain walked.
+    #[error("sample {index}: call chain of {len} entries ending {end}")]
+    Chain {
+        /// The sample's index in the batch.
+        index: usize,
+        /// Its `chain_len`.
+        len: u32,
+        /// Its `chain_end`.
+        end: u32,
     },
     /// The batch is not guest RAM (`BatchPort`).
     #[error("outside guest memory")]
@@ -176,12 +207,19 @@ pub fn decode(shipper: u32, batches: &[Vec<u8>]) -> Result<Shipment, DecodeError
                 bytes: rest.len(),
             }));
         }
-        for chunk in rest.chunks_exact(SAMPLE_SIZE) {
+        for (index, chunk) in rest.chunks_exact(SAMPLE_SIZE).enumerate() {
             // Exactly SAMPLE_SIZE bytes, any bit pattern: cannot fail.
             let Ok(s) = BatchSample::read_from_bytes(chunk) else {
                 continue;
             };
-            out.samples.push(resolve(shipper, &s));
+            let sample = resolve(shipper, &s).ok_or_else(|| {
+                bad(BatchProblem::Chain {
+                    index,
+                    len: s.chain_len,
+                    end: s.chain_end,
+                })
+            })?;
+            out.samples.push(sample);
         }
         out.dropped = header.dropped;
         out.lost = header.lost;
@@ -190,14 +228,18 @@ pub fn decode(shipper: u32, batches: &[Vec<u8>]) -> Result<Shipment, DecodeError
     Ok(out)
 }
 
-/// A page sample as the profile report sees it: `XENPMU_DOMID_SELF` is the shipper.
-fn resolve(shipper: u32, s: &BatchSample) -> ProfileSample {
+/// A page sample as the profile report sees it: `XENPMU_DOMID_SELF` is the shipper. None if
+/// its call chain is malformed (see `BatchProblem::Chain`).
+fn resolve(shipper: u32, s: &BatchSample) -> Option<ProfileSample> {
     let origin = match s.domain_id {
         XENPMU_DOMID_SELF => Origin::Domain(shipper),
         XENPMU_DOMID_HYPERVISOR => Origin::Hypervisor,
         d => Origin::Domain(d),
     };
-    ProfileSample {
+    let end = ChainEnd::from_raw(s.chain_end)?;
+    let addresses = s.callchain.get(..s.chain_len as usize)?;
+    let chain = CallChain::new(addresses, end)?;
+    Some(ProfileSample {
         origin,
         vcpu: s.vcpu_id,
         pcpu: s.pcpu_id,
@@ -205,7 +247,14 @@ fn resolve(shipper: u32, s: &BatchSample) -> ProfileSample {
         user: u64::from(s.flags) & XENPMU_FLAG_SAMPLE_USER != 0,
         regs: s.regs,
         shipped_by: shipper,
-    }
+        details: SampleDetails {
+            tsc: s.tsc,
+            tsc_khz: s.tsc_khz,
+            sequence: s.sequence,
+            overflowed: s.overflowed,
+            chain,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -228,6 +277,10 @@ mod tests {
     }
 
     fn sample(domain_id: u32, rip: u64, flags: u32) -> BatchSample {
+        let mut callchain = [0; wire::BATCH_CHAIN_MAX];
+        callchain[..2].copy_from_slice(&[rip + 0x40, rip + 0x80]);
+        // Stale entries after chain_len are ignored.
+        callchain[2] = 0xdead;
         BatchSample {
             domain_id,
             vcpu_id: 0,
@@ -237,6 +290,13 @@ mod tests {
                 rip,
                 ..Regs::default()
             },
+            tsc: 2_445_000 * rip,
+            tsc_khz: 2_445_000,
+            sequence: rip,
+            overflowed: 1,
+            chain_len: 2,
+            chain_end: vpmu::abi::XENPMU_CHAIN_COMPLETE,
+            callchain,
         }
     }
 
@@ -258,6 +318,30 @@ mod tests {
         );
         assert!(s.samples[1].user && !s.samples[0].user);
         assert_eq!((s.dropped, s.lost, s.batches), (3, 1, 2));
+        let d = &s.samples[2].details;
+        assert_eq!(d.chain.addresses(), [0x43, 0x83]);
+        assert_eq!(d.chain.end(), ChainEnd::Complete);
+        assert_eq!((d.sequence, d.overflowed, d.tsc_khz), (3, 1, 2_445_000));
+        assert_eq!(d.time_ns(), Some(3_000_000));
+    }
+
+    #[test]
+    fn refuses_malformed_chains() {
+        let mut long = sample(1, 1, 0);
+        long.chain_len = wire::BATCH_CHAIN_MAX as u32 + 1;
+        let mut unknown = sample(1, 1, 0);
+        unknown.chain_end = 5;
+        let mut none_with_entries = sample(1, 1, 0);
+        none_with_entries.chain_end = vpmu::abi::XENPMU_CHAIN_NONE;
+        for (bad, len, end) in [(long, 65, 1), (unknown, 2, 5), (none_with_entries, 2, 0)] {
+            let e = decode(1, &[batch(0, &[sample(1, 1, 0), bad])]).unwrap_err();
+            assert_eq!(e.problem, BatchProblem::Chain { index: 1, len, end }, "{e}");
+        }
+        let mut full = sample(1, 1, 0);
+        full.chain_len = wire::BATCH_CHAIN_MAX as u32;
+        full.chain_end = vpmu::abi::XENPMU_CHAIN_TRUNCATED;
+        let s = decode(1, &[batch(0, &[full])]).expect("a full chain is valid");
+        assert_eq!(s.samples[0].details.chain.addresses().len(), 64);
     }
 
     #[test]

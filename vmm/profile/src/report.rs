@@ -8,7 +8,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::sample::{Origin, ProfileSample};
+use super::sample::{ChainEnd, Origin, ProfileSample};
+use super::stacks::{self, StackRow};
 use vpmu_machine::symbols::Symbols;
 
 /// What the report knows about one profiled domain (or the hypervisor) before counting.
@@ -41,6 +42,42 @@ pub struct RunInfo {
     pub pcpus: u32,
     /// vCPUs of each workload domain.
     pub vcpus: u32,
+}
+
+/// The sampled event, for people and tools: what the counters count and how often a sample
+/// is taken.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventInfo {
+    /// The event (perf's name; `PERF_TYPE_HARDWARE`/`PERF_COUNT_HW_CPU_CYCLES` in perf.data).
+    pub name: String,
+    /// What it counts.
+    pub counts: String,
+    /// Mean events between samples (the counter's period; each sample's period varies by
+    /// `jitter`).
+    pub period: u64,
+    /// The period varies by -jitter/2..+jitter/2.
+    pub jitter: u64,
+    /// Samples per second of sampled CPU time asked for.
+    pub frequency_hz: u64,
+    /// The unit of `period` and of the `cycles` values in profile.pb.gz and perf.data.
+    pub unit: String,
+}
+
+impl EventInfo {
+    /// The event of a run set up as `run` (every run samples cycles).
+    pub fn of(run: &RunInfo) -> EventInfo {
+        let (period, jitter) = super::run::period_for(run.frequency_hz, run.tsc_khz);
+        EventInfo {
+            name: super::outputs::EVENT.into(),
+            counts: "guest CPU cycles (the timed event source: TSC ticks the vCPU spends in \
+                     KVM_RUN, plus the VMM's time in hv mode)"
+                .into(),
+            period,
+            jitter,
+            frequency_hz: run.frequency_hz,
+            unit: "cycles".into(),
+        }
+    }
 }
 
 /// A sanity check on the run, printed with the report.
@@ -89,8 +126,20 @@ pub struct DomainReport {
     pub dropped: u64,
     /// Samples per vCPU of the domain (for the hypervisor: the vCPU it served), by vCPU.
     pub vcpus: std::collections::BTreeMap<u32, u64>,
+    /// Samples by why their call chain ends (`complete`, `none`, `bad_frame`, ...), user and
+    /// kernel apart.
+    pub chains: ChainCounts,
     /// Every function sampled, most samples first (ties by name).
     pub functions: Vec<FunctionRow>,
+}
+
+/// Samples by why their call chain ends, user and kernel apart.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChainCounts {
+    /// User samples by end reason.
+    pub user: std::collections::BTreeMap<ChainEnd, u64>,
+    /// Kernel samples by end reason.
+    pub kernel: std::collections::BTreeMap<ChainEnd, u64>,
 }
 
 /// A whole profile: the run, per-domain results, and the checks.
@@ -98,15 +147,19 @@ pub struct DomainReport {
 pub struct Report {
     /// How the run was set up.
     pub run: RunInfo,
+    /// The sampled event and its period.
+    pub event: EventInfo,
     /// One entry per described domain in the order given, then any origin seen in samples
     /// but not described.
     pub domains: Vec<DomainReport>,
+    /// Every distinct call stack and its samples, per domain (`stacks::count`).
+    pub stacks: Vec<StackRow>,
     /// Sanity checks; empty after [`Report::build`], for the caller to fill.
     pub checks: Vec<Check>,
 }
 
 /// Function name for IPs no symbol covers.
-const UNKNOWN: &str = "[unknown]";
+const UNKNOWN: &str = stacks::UNKNOWN;
 
 fn percent(part: u64, whole: u64) -> f64 {
     if whole == 0 {
@@ -116,25 +169,10 @@ fn percent(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// Keeps a name a single folded-stack frame: `;` separates frames and line breaks end the
-/// record, so neither may survive inside a name.
-fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| match c {
-            ';' => ':',
-            c if c.is_whitespace() => ' ',
-            c => c,
-        })
-        .collect()
-}
-
 impl DomainReport {
     /// Short tag for the origin: `dom<n>` or `hypervisor`.
     fn tag(&self) -> String {
-        match self.origin {
-            Origin::Domain(n) => format!("dom{n}"),
-            Origin::Hypervisor => "hypervisor".to_string(),
-        }
+        self.origin.tag()
     }
 
     /// The origin tag followed by the name, e.g. `dom1 work.elf`, or just `hypervisor`.
@@ -168,6 +206,7 @@ impl DomainReport {
 struct Tally {
     functions: HashMap<String, (u64, u64)>,
     vcpus: std::collections::BTreeMap<u32, u64>,
+    chains: ChainCounts,
 }
 
 impl Report {
@@ -203,6 +242,12 @@ impl Report {
                 .and_then(|sym| sym.lookup(s.rip))
                 .unwrap_or(UNKNOWN);
             *tallies[i].vcpus.entry(s.vcpu).or_default() += 1;
+            let ends = if s.user {
+                &mut tallies[i].chains.user
+            } else {
+                &mut tallies[i].chains.kernel
+            };
+            *ends.entry(s.details.chain.end()).or_default() += 1;
             let counts = tallies[i].functions.entry(name.to_string()).or_default();
             if s.user {
                 counts.0 += 1;
@@ -248,14 +293,23 @@ impl Report {
                     kernel,
                     dropped: info.map_or(0, |d| d.dropped),
                     vcpus: tally.vcpus,
+                    chains: tally.chains,
                     functions,
                 }
             })
             .collect();
 
+        let stacks = stacks::count(samples, |origin| {
+            domains
+                .iter()
+                .find(|d| d.origin == origin)
+                .map(|d| &d.symbols)
+        });
         Report {
+            event: EventInfo::of(&run),
             run,
             domains: reports,
+            stacks,
             checks: Vec::new(),
         }
     }
@@ -276,6 +330,18 @@ impl Report {
             out,
             "vpmu profile: {} mode, {}, {} Hz, {:.1} s, TSC {} kHz, {} pCPUs, {} vCPUs per workload domain",
             r.mode, r.vendor, r.frequency_hz, r.duration_s, r.tsc_khz, r.pcpus, r.vcpus
+        );
+        let e = &self.event;
+        let _ = writeln!(
+            out,
+            "event: {} ({}); a sample every {} {} on average (±{}), {} Hz of sampled CPU time; \
+             counts below are samples",
+            e.name,
+            e.counts,
+            e.period,
+            e.unit,
+            e.jitter / 2,
+            e.frequency_hz
         );
         for d in &self.domains {
             let vcpus: Vec<String> = d
@@ -327,22 +393,11 @@ impl Report {
         out
     }
 
-    /// Folded stacks for flamegraph tools: `<domain>;<user|kernel>;<function> <count>`, one
-    /// line per non-zero (domain, mode, function).
+    /// Folded stacks for flamegraph tools (FlameGraph, inferno, speedscope): one line per
+    /// distinct stack, `<domain>;<outermost caller>;...;<sampled function> <count>`, kernel
+    /// frames marked `_[k]`.
     pub fn folded(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        for d in &self.domains {
-            let domain = sanitize(&d.label());
-            for (mode, kernel) in [("user", false), ("kernel", true)] {
-                for f in &d.functions {
-                    let n = if kernel { f.kernel } else { f.user };
-                    if n > 0 {
-                        lines.push(format!("{domain};{mode};{} {n}", sanitize(&f.name)));
-                    }
-                }
-            }
-        }
-        lines
+        self.stacks.iter().map(StackRow::folded).collect()
     }
 
     /// The flamegraph title.
@@ -437,6 +492,7 @@ mod tests {
             user,
             regs: Regs::default(),
             shipped_by: 0,
+            details: Default::default(),
         }
     }
 
@@ -556,21 +612,23 @@ mod tests {
     #[test]
     fn folded_lines() {
         let folded = report().folded();
+        // Without call chains every stack is the sampled function alone, under its domain;
+        // kernel frames marked `_[k]`.
         assert_eq!(
             folded,
             [
-                "dom1 work.elf;user;w1_deflate 6",
-                "dom1 work.elf;user;w1:odd name 2",
-                "dom1 work.elf;kernel;[unknown] 1",
-                "dom1 work.elf;kernel;kentry 1",
-                "dom7 (no image);user;[unknown] 1",
-                "hypervisor;kernel;[unknown] 1",
+                "dom1;w1_deflate 6",
+                "dom1;w1:odd name 2",
+                "dom1;[unknown]_[k] 1",
+                "dom1;kentry_[k] 1",
+                "dom7;[unknown] 1",
+                "hypervisor;[unknown]_[k] 1",
             ]
         );
         for line in &folded {
             let (stack, count) = line.rsplit_once(' ').unwrap();
             assert!(count.parse::<u64>().unwrap() > 0);
-            assert_eq!(stack.split(';').count(), 3);
+            assert_eq!(stack.split(';').count(), 2);
         }
     }
 
@@ -612,13 +670,19 @@ mod tests {
         assert_eq!(v["run"]["frequency_hz"], 1000);
         assert_eq!(v["domains"].as_array().unwrap().len(), 4);
         let d1 = &v["domains"][0];
-        assert_eq!(d1["origin"]["Domain"], 1);
+        assert_eq!(
+            d1["origin"],
+            serde_json::json!({"kind": "domain", "domain": 1})
+        );
         assert_eq!(d1["name"], "work.elf");
         assert_eq!(d1["samples"], 10);
         assert_eq!(d1["dropped"], 5);
         assert_eq!(d1["functions"][0]["name"], "w1_deflate");
         assert_eq!(d1["functions"][0]["percent"], 60.0);
-        assert_eq!(v["domains"][3]["origin"], "Hypervisor");
+        assert_eq!(
+            v["domains"][3]["origin"],
+            serde_json::json!({"kind": "hypervisor", "domain": null})
+        );
         assert_eq!(v["checks"][1]["passed"], false);
     }
 }

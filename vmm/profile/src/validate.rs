@@ -406,6 +406,7 @@ mod tests {
             user,
             regs: regs(rip, if user { 3 } else { 0 }),
             shipped_by: 0,
+            details: Default::default(),
         }
     }
 

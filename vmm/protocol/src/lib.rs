@@ -78,6 +78,10 @@ pub mod port {
         /// Conformance result (`vpmu selftest`): `outl` with the guest-physical address of a
         /// `struct guest_result` record.
         RESULT: u16 = 0x18;
+        /// Ring-0 trace (`vpmu-ring0`): `outl` of one trace word (`ring0::TRACE_*`): which
+        /// inner pCPU's bus the next MSR access is made through, and which inner operation
+        /// runs on which inner pCPU for which inner vCPU.
+        TRACE: u16 = 0x19;
     }
 }
 
@@ -104,6 +108,15 @@ pub mod profile {
         BATCH_HEADER_SIZE: usize = 32;
         /// Bytes of `struct batch_sample` before its `xenpmu_regs`.
         BATCH_SAMPLE_IDENTITY_SIZE: usize = 16;
+        /// Bytes of `struct batch_sample`'s sample details after its `xenpmu_regs` and before
+        /// its call chain: the page's `sample` fields `tsc`, `tsc_khz`, `sequence`,
+        /// `overflowed`, `chain_len` and `chain_end` (ABI 1.2), as read.
+        BATCH_SAMPLE_DETAILS_SIZE: usize = 40;
+        /// Entries of `struct batch_sample`'s call chain: the ABI's `XENPMU_CALLCHAIN_MAX`.
+        /// Only the first `chain_len` are copied; the rest are stale and not read.
+        BATCH_CHAIN_MAX: usize = 64;
+        /// Bytes of one `struct batch_sample`: identity, registers, details and chain.
+        BATCH_SAMPLE_SIZE: usize = 736;
     }
 }
 
@@ -191,8 +204,67 @@ pub mod selftest {
     }
 }
 
+/// The ring-0 guest (`vmm/guests/ring0`, run by `vpmu-ring0`): an inner hypervisor built from
+/// the vpmu crates runs at guest CPL0 on two vCPUs (= two inner pCPUs) and reports, through
+/// `port::TRACE`, what it does on which inner pCPU. A trace word is
+/// `kind << 28 | op << 20 | pcpu << 16 | vcpu` (vcpu: the inner vCPU's table index).
+pub mod ring0 {
+    constants! {
+        /// The ring-0 guest's constants, for the C header.
+        ALL, "RING0_":
+        /// The ring-0 guest's one case number (entry argument).
+        CASE: u64 = 500;
+        /// The IPI vector between the two inner pCPUs (x2APIC ICR, fixed delivery).
+        IPI_VECTOR: u32 = 0x42;
+        /// Trace kind: the next MSR access is made through inner pCPU `pcpu`'s bus.
+        TRACE_OWNER: u32 = 1;
+        /// Trace kind: inner operation `op` begins on inner pCPU `pcpu` for inner vCPU `vcpu`.
+        TRACE_BEGIN: u32 = 2;
+        /// Trace kind: the operation begun last on this vCPU ends.
+        TRACE_END: u32 = 3;
+        /// Trace kind: an IPI was sent to inner pCPU `pcpu`.
+        TRACE_IPI_SENT: u32 = 4;
+        /// Trace kind: inner pCPU `pcpu` took the request IPI.
+        TRACE_IPI_TAKEN: u32 = 5;
+        /// Operation: `Vpmu::attach_pcpu`.
+        OP_ATTACH: u32 = 1;
+        /// Operation: `Vpmu::context_switch` to `vcpu` (0xffff: to none).
+        OP_SWITCH: u32 = 2;
+        /// Operation: `Vpmu::wrmsr` of `vcpu` (a guest-style intercept).
+        OP_WRMSR: u32 = 3;
+        /// Operation: `Vpmu::rdmsr` of `vcpu`.
+        OP_RDMSR: u32 = 4;
+        /// Operation: a `Vpmu::wrmsr` that must #GP without touching the hardware.
+        OP_GP: u32 = 5;
+        /// Operation: `Vpmu::handle_pmi` (the PMI handler).
+        OP_PMI: u32 = 6;
+        /// Operation: `Vpmu::complete_request` for `vcpu` (the request's target vCPU, 0xffff
+        /// for a catch-up).
+        OP_REQUEST: u32 = 7;
+        /// Operation: `Vpmu::teardown_vcpu` of `vcpu`, until `Done` (a cross-CPU operation).
+        OP_TEARDOWN: u32 = 8;
+        /// Operation: a MODE_SET control operation, until it completes (cross-CPU).
+        OP_MODE_SET: u32 = 9;
+        /// Operation: the harness reads its own pCPU's hardware directly (idle checks).
+        OP_HARNESS: u32 = 10;
+        /// Operation: `Vpmu::detach_pcpu`.
+        OP_DETACH: u32 = 11;
+    }
+
+    /// A trace word.
+    pub const fn trace(kind: u32, op: u32, pcpu: u32, vcpu: u32) -> u32 {
+        kind << 28 | (op & 0xff) << 20 | (pcpu & 0xf) << 16 | (vcpu & 0xffff)
+    }
+}
+
 /// Every constant table, in header order.
-pub const TABLES: &[&[Constant]] = &[port::ALL, profile::ALL, selftest::CASES, selftest::RECORD];
+pub const TABLES: &[&[Constant]] = &[
+    port::ALL,
+    profile::ALL,
+    selftest::CASES,
+    selftest::RECORD,
+    ring0::ALL,
+];
 
 /// The C declaration of the result record (C11, freestanding, `-m32` and `-m64` alike).
 const RESULT_STRUCT: &str = "\
@@ -264,7 +336,7 @@ mod tests {
             assert!(h.contains(&line), "missing {line}in\n{h}");
             n += 1;
         }
-        assert_eq!(n, 33);
+        assert_eq!(n, 55);
         // Spot checks of names and values the guests use.
         for line in [
             "#define PORT_CONSOLE 0xe9",
@@ -272,6 +344,8 @@ mod tests {
             "#define BATCH_CAPACITY 0x80",
             "#define ALL_BASE 0x190",
             "#define RESULT_MESSAGE_SIZE 0x70",
+            "#define PORT_TRACE 0x19",
+            "#define RING0_CASE 0x1f4",
         ] {
             assert!(h.contains(line), "{line}");
         }

@@ -1,0 +1,168 @@
+//! `vpmu boot` end to end: someone else's test suite, upstream kvm-unit-tests `x86/pmu`
+//! (commit 1da1819e49fc4938985edca67df669099b4c87a7, built with its loop count N lowered to
+//! 10000 so that single-stepping it takes minutes), run unmodified on each of the four PMU
+//! personalities. Each run must end with isa-debug-exit code 0 (status 0) and a `SUMMARY` line
+//! without unexpected failures.
+//!
+//! The image is `$VPMU_KUT_PMU_ELF` (its default is in `image()`). Without the image or without a usable
+//! `/dev/kvm` each test says SKIPPED loudly and passes. The runs take minutes each (see the
+//! README), so they are `#[ignore]`d in the default test run:
+//! `cargo test --release -p vpmu-cli --test boot -- --ignored`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+const SKIP: i32 = 77;
+
+/// The kvm-unit-tests image, if present.
+fn image() -> Result<PathBuf, String> {
+    let path = std::env::var_os("VPMU_KUT_PMU_ELF").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../../shared/peer/kvm-unit-tests/pmu-n10000.elf")
+        },
+        PathBuf::from,
+    );
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} not found (set VPMU_KUT_PMU_ELF to a kvm-unit-tests x86/pmu image)",
+            path.display()
+        ))
+    }
+}
+
+fn skip(pmu: &str, why: &str) {
+    let line =
+        format!("SKIPPED: vpmu boot --pmu {pmu} (kvm-unit-tests x86/pmu) did not run: {why}");
+    eprintln!("{line}");
+    println!("{line}");
+}
+
+/// The unexpected failures of a kvm-unit-tests `SUMMARY: N tests[, F unexpected failures]...`
+/// line (kvm-unit-tests leaves the count out when it is 0).
+fn unexpected_failures(summary: &str) -> Option<u64> {
+    let rest = summary.strip_prefix("SUMMARY: ")?;
+    let mut parts = rest.split(", ");
+    parts.next()?.strip_suffix(" tests")?.parse::<u64>().ok()?;
+    parts
+        .find_map(|p| p.strip_suffix(" unexpected failures"))
+        .map_or(Some(0), |n| n.parse().ok())
+}
+
+fn kvm_unit_tests_pmu(pmu: &str) {
+    let image = match image() {
+        Ok(image) => image,
+        Err(why) => return skip(pmu, &why),
+    };
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .args(["boot", "--pmu", pmu, "--timeout", "3000"])
+        .arg(&image)
+        .output()
+        .expect("run the vpmu binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(SKIP) && stderr.contains("/dev/kvm is not available") {
+        return skip(pmu, stderr.trim());
+    }
+    let failures: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL")).collect();
+    let summary = stdout.lines().rev().find(|l| l.starts_with("SUMMARY: "));
+    println!(
+        "{pmu}: {} ({:.0} s)\n{}{}",
+        summary.unwrap_or("no SUMMARY line"),
+        start.elapsed().as_secs_f64(),
+        failures.join("\n"),
+        stderr
+    );
+    let summary = summary.unwrap_or_else(|| panic!("{pmu}: no SUMMARY line:\n{stdout}\n{stderr}"));
+    assert_eq!(
+        unexpected_failures(summary),
+        Some(0),
+        "{pmu}: {summary}\n{}",
+        failures.join("\n")
+    );
+    assert!(
+        out.status.success(),
+        "{pmu}: exit status {} ({summary}):\n{stderr}",
+        out.status
+    );
+}
+
+#[test]
+#[ignore = "minutes per personality: cargo test --release -p vpmu-cli --test boot -- --ignored"]
+fn kvm_unit_tests_pmu_intel_v5() {
+    kvm_unit_tests_pmu("intel-v5");
+}
+
+#[test]
+#[ignore = "minutes per personality: cargo test --release -p vpmu-cli --test boot -- --ignored"]
+fn kvm_unit_tests_pmu_intel_v2() {
+    kvm_unit_tests_pmu("intel-v2");
+}
+
+#[test]
+#[ignore = "minutes per personality: cargo test --release -p vpmu-cli --test boot -- --ignored"]
+fn kvm_unit_tests_pmu_amd_perfmonv2() {
+    kvm_unit_tests_pmu("amd-perfmonv2");
+}
+
+#[test]
+#[ignore = "minutes per personality: cargo test --release -p vpmu-cli --test boot -- --ignored"]
+fn kvm_unit_tests_pmu_amd_k7() {
+    kvm_unit_tests_pmu("amd-k7");
+}
+
+#[test]
+fn summary_lines_are_read_as_kvm_unit_tests_writes_them() {
+    assert_eq!(
+        unexpected_failures("SUMMARY: 159 tests, 18 skipped"),
+        Some(0)
+    );
+    assert_eq!(
+        unexpected_failures("SUMMARY: 159 tests, 18 unexpected failures, 18 skipped"),
+        Some(18)
+    );
+    assert_eq!(unexpected_failures("SUMMARY: 3 tests"), Some(0));
+    assert_eq!(unexpected_failures("SUMMARY: x tests"), None);
+    assert_eq!(unexpected_failures("PASS: a"), None);
+}
+
+/// The skip paths of the binary: no device (77, loud), no image (a clear error, status 1),
+/// not a multiboot image (status 1).
+#[test]
+fn boot_without_kvm_or_image_says_why() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .args(["boot", "/nonexistent/image.elf"])
+        .output()
+        .expect("run the vpmu binary");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/image.elf"));
+    let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .args(["boot", env!("CARGO_BIN_EXE_vpmu")])
+        .env("VPMU_KVM_DEVICE", "/nonexistent/kvm")
+        .output()
+        .expect("run the vpmu binary");
+    assert_eq!(out.status.code(), Some(SKIP));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/kvm is not available"));
+    if vpmu_kvm_usable() {
+        // The binary itself is an ELF64 executable but no multiboot image.
+        let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+            .args(["boot", env!("CARGO_BIN_EXE_vpmu")])
+            .output()
+            .expect("run the vpmu binary");
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("no multiboot header"), "{stderr}");
+    }
+}
+
+fn vpmu_kvm_usable() -> bool {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok()
+}
