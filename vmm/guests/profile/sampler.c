@@ -18,6 +18,9 @@ static u32 counter_msr;
 static u64 rng[MAX_CPUS];
 volatile u64 sampler_samples[MAX_CPUS], sampler_lost[MAX_CPUS], sampler_errors[MAX_CPUS];
 
+/* The TSC ticks the last sample's handling took on each vCPU, up to its re-arm. */
+static u64 handler_ticks[MAX_CPUS];
+
 static u64 next_preset(u32 cpu) {
     u64 *r = &rng[cpu];
     if (*r == 0) *r = 0x2545f4914f6cdd1dul ^ ((u64)cpu << 32); /* distinct streams per vCPU */
@@ -27,11 +30,18 @@ static u64 next_preset(u32 cpu) {
     u64 j = profile_config.jitter;
     u64 period = profile_config.period - j / 2 + (*r & j);
     if (period < 1000) period = 1000; /* a PMI costs far more than this */
+    /* Throttle (as perf does): a period shorter than a few times this handler's own cost
+     * (counted too: USR + OS) would sample the handler back to back and never let the
+     * sampled code, or the shipping, run. */
+    u64 floor = 4 * handler_ticks[cpu];
+    if (floor > (1ul << 29)) floor = 1ul << 29;
+    if (period < floor) period = floor + (*r & j); /* still jittered */
     /* Legacy Intel counters take 32 bits sign-extended: periods stay below 2^31. */
     return (0 - period) & (intel && !fw_write ? 0xfffffffful : mask48());
 }
 
 static void take_sample(void) {
+    u64 entered = rdtsc();
     u32 cpu = cpu_id();
     xenpmu_page *pg = &sampler_pages[cpu];
     __asm__ volatile("" ::: "memory"); /* the hypervisor wrote the page */
@@ -64,6 +74,7 @@ static void take_sample(void) {
     } else {
         sampler_lost[cpu]++;
     }
+    handler_ticks[cpu] = rdtsc() - entered;
     int bad = page_rearm_counter0(pg, next_preset(cpu), stopping[cpu]);
     struct params p = {1, 0, 0, 0, 0};
     if (bad || hypercall(XENPMU_OP_FLUSH, &p) != 0) sampler_errors[cpu]++;
