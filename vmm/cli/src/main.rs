@@ -220,8 +220,9 @@ struct ProfileArgs {
         value_parser = clap::value_parser!(u32).range(1..=i64::from(profile::MAX_PCPUS))
     )]
     pcpus: u32,
-    /// Output directory: report.txt, profile.json, flamegraph.svg, samples.jsonl (every
-    /// sample with its full register set).
+    /// Output directory: report.txt, profile.json, samples.jsonl (every sample with its
+    /// registers, time and call stack), perf.data (with images/, the ELFs it maps),
+    /// profile.pb.gz (pprof), stacks.folded and flamegraph.svg.
     #[arg(long, value_name = "DIR", default_value = "profile-out")]
     out: PathBuf,
     /// Functions per domain in the text report (at least 1).
