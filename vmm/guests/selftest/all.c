@@ -106,9 +106,15 @@ static void profiler(void) {
     }
     stopping = 1;
     __asm__ volatile("cli" ::: "memory");
-    take_sample(); /* a sample still cached: take it and stop the counter through the page */
-    int stop_gp = wrmsr_safe(ctl_msr(0), 0);
-    if (has_global()) stop_gp |= wrmsr_safe(global_ctrl_msr(), 0);
+    /* A sample still cached: take it, and stop the counter through the page. One may also be
+     * published between that and the stopping WRMSR, which the cached window then refuses
+     * (#GP): take that one too and stop again. Once the control is 0 nothing overflows. */
+    int stop_gp = 1;
+    for (int tries = 0; tries < 16 && stop_gp; tries++) {
+        take_sample();
+        stop_gp = wrmsr_safe(ctl_msr(0), 0);
+        if (!stop_gp && has_global()) stop_gp = wrmsr_safe(global_ctrl_msr(), 0);
+    }
     __asm__ volatile("sti" ::: "memory");
 
     u64 n = n_samples < MAX_ALL ? n_samples : MAX_ALL;
