@@ -5,10 +5,10 @@
 //! reads the header or the bank-geometry words back from the page: the guest can write them.
 
 use crate::page::{
-    Header, Identity, Page, Regs, SampleInfo, XENPMU_DEFINED_SIZE_1_2, XENPMU_FLAG_CACHED,
-    XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED, XENPMU_MAGIC,
-    XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL,
-    XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
+    Header, Identity, Page, Regs, SampleInfo, XENPMU_CALLCHAIN_MAX, XENPMU_DEFINED_SIZE_1_2,
+    XENPMU_FLAG_CACHED, XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED,
+    XENPMU_MAGIC, XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER, XENPMU_VENDOR_AMD,
+    XENPMU_VENDOR_INTEL, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
 };
 use crate::vendor::{AmdBanks, AmdCtxt, IntelBanks, IntelCtxt, VendorArea};
 
@@ -93,6 +93,52 @@ pub fn set_tsc_khz(page: &mut Page, tsc_khz: u64) {
 /// `XENPMU_FLAG_CACHED` last.
 pub fn publish_sample_info(page: &mut Page, info: &SampleInfo) {
     page.sample = *info;
+}
+
+/// The details of a sample besides its call chain (version 1.2): see [`SampleInfo`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleHead {
+    /// `SampleInfo::tsc`.
+    pub tsc: u64,
+    /// `SampleInfo::tsc_khz`.
+    pub tsc_khz: u64,
+    /// `SampleInfo::sequence`.
+    pub sequence: u64,
+    /// `SampleInfo::overflowed`.
+    pub overflowed: u64,
+}
+
+/// Writes the sample details (version 1.2) straight into the page: `head`, then the call
+/// chain `chain` (its first `XENPMU_CALLCHAIN_MAX` entries) and why it ends, `chain_end`.
+/// Entries past the chain must read zero, and clearing all of them with every sample would
+/// cost more than the chain itself: `stale` is how many entries the hypervisor's previous
+/// sample in this page wrote (what this function returned then; 0 for a page fresh from
+/// [`init_page`]), and only those past the new chain are cleared. The hypervisor keeps that
+/// count itself, never reading the page's `chain_len` back. Returns the new chain's length.
+/// Call it before [`publish_sample`], which sets `XENPMU_FLAG_CACHED` last.
+pub fn publish_sample_details(
+    page: &mut Page,
+    head: &SampleHead,
+    chain: &[u64],
+    chain_end: u32,
+    stale: u32,
+) -> u32 {
+    let info = &mut page.sample;
+    info.tsc = head.tsc;
+    info.tsc_khz = head.tsc_khz;
+    info.sequence = head.sequence;
+    info.overflowed = head.overflowed;
+    let chain = chain.get(..XENPMU_CALLCHAIN_MAX).unwrap_or(chain);
+    let (valid, past) = info.callchain.split_at_mut(chain.len());
+    valid.copy_from_slice(chain);
+    let stale = (stale as usize).min(XENPMU_CALLCHAIN_MAX);
+    if let Some(stale) = past.get_mut(..stale.saturating_sub(chain.len())) {
+        stale.fill(0);
+    }
+    info.chain_len = chain.len() as u32;
+    info.chain_end = chain_end;
+    info._reserved0 = [0; 4];
+    chain.len() as u32
 }
 
 /// Counts a sample dropped because the page's previous sample was still cached.
@@ -248,6 +294,63 @@ mod tests {
                 control: 2
             })
         );
+    }
+
+    #[test]
+    fn details_written_in_place_clear_what_the_previous_chain_left() {
+        let mut page = Page::zeroed();
+        init_page(&mut page, &VendorLayout::Amd(AmdBanks::new(6).unwrap()));
+        let head = SampleHead {
+            tsc: 5,
+            tsc_khz: 1000,
+            sequence: 3,
+            overflowed: 1,
+        };
+        let long: [u64; 5] = [1, 2, 3, 4, 5];
+        let stale =
+            publish_sample_details(&mut page, &head, &long, crate::XENPMU_CHAIN_COMPLETE, 0);
+        assert_eq!(stale, 5);
+        let mut expected = SampleInfo {
+            tsc: 5,
+            tsc_khz: 1000,
+            sequence: 3,
+            overflowed: 1,
+            chain_len: 5,
+            chain_end: crate::XENPMU_CHAIN_COMPLETE,
+            ..SampleInfo::default()
+        };
+        expected.callchain[..5].copy_from_slice(&long);
+        assert_eq!(page.sample, expected);
+        // A shorter chain: the entries past it that the previous one wrote read zero again.
+        let stale = publish_sample_details(
+            &mut page,
+            &head,
+            &[9, 8],
+            crate::XENPMU_CHAIN_UNREADABLE,
+            stale,
+        );
+        assert_eq!(stale, 2);
+        expected.callchain = [0; XENPMU_CALLCHAIN_MAX];
+        expected.callchain[..2].copy_from_slice(&[9, 8]);
+        expected.chain_len = 2;
+        expected.chain_end = crate::XENPMU_CHAIN_UNREADABLE;
+        assert_eq!(page.sample, expected);
+        // No chain at all, and a chain longer than the page holds: truncated, never past it.
+        assert_eq!(
+            publish_sample_details(&mut page, &head, &[], crate::XENPMU_CHAIN_NONE, stale),
+            0
+        );
+        assert_eq!(page.sample.callchain, [0; XENPMU_CALLCHAIN_MAX]);
+        let too_long = [7u64; XENPMU_CALLCHAIN_MAX + 3];
+        let stale = publish_sample_details(
+            &mut page,
+            &head,
+            &too_long,
+            crate::XENPMU_CHAIN_TRUNCATED,
+            u32::MAX,
+        );
+        assert_eq!(stale as usize, XENPMU_CALLCHAIN_MAX);
+        assert_eq!(page.sample.callchain, [7; XENPMU_CALLCHAIN_MAX]);
     }
 
     #[test]

@@ -228,7 +228,7 @@ impl<B: PmuBackend> Vpmu<B> {
         let _control = self.control.lock();
         let policy = self.policy();
         self.online.fetch_add(1, Ordering::AcqRel);
-        let mut pcpu = PcpuPmu::new(index, hw, policy);
+        let mut pcpu = PcpuPmu::new(index, hw, policy, self.backend.new_context());
         // `init_hardware` leaves every control 0 (its contract); nothing else is known.
         pcpu.record.controls_cleared();
         Ok(pcpu)

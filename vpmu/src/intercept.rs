@@ -236,13 +236,14 @@ impl<B: PmuBackend> Vpmu<B> {
     ) -> Result<MsrOutcome<u64>, CoreError> {
         // The instance of this pCPU if the vCPU profiles it (live values), else its program.
         if Self::profiles(platform, pcpu, vcpu) {
-            match &mut pcpu.system {
-                SystemContext::Loaded { ctx, .. } => {
+            let ctx = &mut pcpu.system_ctx;
+            match pcpu.system {
+                SystemContext::Loaded { .. } => {
                     return Ok(self
                         .backend
                         .read_register(ctx, Some(&mut pcpu.hw), register)?);
                 }
-                SystemContext::Cached { ctx, .. } => {
+                SystemContext::Cached { .. } => {
                     return Ok(self.backend.read_register(ctx, None::<&mut H>, register)?);
                 }
                 SystemContext::Absent => {}

@@ -354,6 +354,7 @@ impl<B: PmuBackend> Vpmu<B> {
             slot,
             gfn,
             samples: 0,
+            chain_written: 0,
         });
         vcpu.page_lvtpc_masked = true;
         Ok(())
@@ -404,15 +405,13 @@ impl<B: PmuBackend> Vpmu<B> {
         };
         match from {
             SampleSource::System { pcpu: p } if p == pcpu.index => {
-                let SystemContext::Cached { profiler, .. } = pcpu.system else {
+                let SystemContext::Cached { profiler } = pcpu.system else {
                     return Err(OpError::InvalidArgument);
                 };
                 Self::load_on(&self.backend, &context, &mut pcpu.hw, &mut pcpu.record)
                     .map_err(|_| OpError::InvalidContext)?;
-                pcpu.system = SystemContext::Loaded {
-                    ctx: context,
-                    profiler,
-                };
+                pcpu.system_ctx = context;
+                pcpu.system = SystemContext::Loaded { profiler };
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 self.unmask_physical_lvtpc(platform, pcpu);

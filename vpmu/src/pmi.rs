@@ -9,9 +9,9 @@
 //!   hypervisor goes to it with the hypervisor's registers. Hypervisor registers never reach
 //!   any other domain.
 
-use vpmu_abi::writer::{publish_sample, publish_sample_info, record_dropped_sample};
+use vpmu_abi::writer::{SampleHead, publish_sample, publish_sample_details, record_dropped_sample};
 use vpmu_abi::{
-    Identity, Regs, SampleInfo, XENPMU_CHAIN_NONE, XENPMU_DOMID_FIRST_RESERVED,
+    Identity, Regs, XENPMU_CALLCHAIN_MAX, XENPMU_CHAIN_NONE, XENPMU_DOMID_FIRST_RESERVED,
     XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF,
 };
 
@@ -61,31 +61,47 @@ struct Sample<'r> {
     context: SampledContext,
 }
 
-/// The details of `sample` (ABI 1.2): the clock, the page's sequence number, what overflowed,
-/// and the call chain walked now, in the sampled context's address space.
-fn sample_info<P: Platform>(
+/// The details of a sample (ABI 1.2), gathered before the page is borrowed (the walk reads
+/// through the platform) and written straight into it by `publish_sample_details`.
+struct Details<'c> {
+    head: SampleHead,
+    chain: &'c [u64],
+    chain_end: u32,
+}
+
+/// The details of `sample`: the clock, the page's sequence number, what overflowed, and the
+/// call chain walked now, in the sampled context's address space, into `buffer` (filled only
+/// when there is a chain to walk).
+fn sample_details<'c, P: Platform>(
     platform: &mut P,
     sample: &Sample,
     overflow: Overflow,
     sequence: u64,
-) -> SampleInfo {
-    let mut info = SampleInfo {
+    buffer: &'c mut Option<[u64; XENPMU_CALLCHAIN_MAX]>,
+) -> Details<'c> {
+    let head = SampleHead {
         tsc: platform.timestamp(),
         tsc_khz: platform.tsc_khz(),
         sequence,
         overflowed: overflow.counters.0,
-        chain_end: XENPMU_CHAIN_NONE,
-        ..SampleInfo::default()
     };
-    if platform.reads_sampled_memory(sample.context) {
-        let context = sample.context;
-        let (len, end) = crate::callchain::walk(sample.regs, &mut info.callchain, |at, out| {
-            platform.read_sampled(context, at, out)
-        });
-        info.chain_len = len;
-        info.chain_end = end;
+    if !platform.reads_sampled_memory(sample.context) {
+        return Details {
+            head,
+            chain: &[],
+            chain_end: XENPMU_CHAIN_NONE,
+        };
     }
-    info
+    let context = sample.context;
+    let chain = buffer.insert([0; XENPMU_CALLCHAIN_MAX]);
+    let (len, chain_end) = crate::callchain::walk(sample.regs, chain, |at, out| {
+        platform.read_sampled(context, at, out)
+    });
+    Details {
+        head,
+        chain: chain.get(..len as usize).unwrap_or(chain),
+        chain_end,
+    }
 }
 
 impl<B: PmuBackend> Vpmu<B> {
@@ -249,16 +265,27 @@ impl<B: PmuBackend> Vpmu<B> {
         // The sample reports this overflow: it is no longer pending.
         vcpu.pending_pmi = None;
         let identity = self.identity(platform, vcpu.id, pcpu.index, sample);
-        let info = sample_info(platform, sample, overflow, page.samples);
+        let mut buffer = None;
+        let details = sample_details(platform, sample, overflow, page.samples, &mut buffer);
         let backend = &self.backend;
         let ctx = &vcpu.ctx;
-        let written = platform.with_page(page.slot, |page| {
-            backend.context_to_page(ctx, &mut page.vendor);
-            publish_sample_info(page, &info);
-            publish_sample(page, &identity, sample.regs);
+        let written = platform.with_page(page.slot, |to| {
+            backend.context_to_page(ctx, &mut to.vendor);
+            let chain = publish_sample_details(
+                to,
+                &details.head,
+                details.chain,
+                details.chain_end,
+                page.chain_written,
+            );
+            publish_sample(to, &identity, sample.regs);
+            chain
         });
-        if written.is_none() {
+        let Some(chain_written) = written else {
             return Ok(false);
+        };
+        if let Some(page) = vcpu.page.as_mut() {
+            page.chain_written = chain_written;
         }
         vcpu.state = VcpuState::Cached {
             from: SampleSource::Own { pcpu: pcpu.index },
@@ -294,11 +321,12 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpus: &T,
     ) -> Result<PmiOutcome, CoreError> {
-        let SystemContext::Loaded { ctx, profiler } = &mut pcpu.system else {
+        let SystemContext::Loaded { profiler } = pcpu.system else {
             return Ok(PmiOutcome::Spurious);
         };
-        let profiler = *profiler;
-        let overflow = self.backend.handle_overflow(ctx, &mut pcpu.hw)?;
+        let overflow = self
+            .backend
+            .handle_overflow(&mut pcpu.system_ctx, &mut pcpu.hw)?;
         if overflow.counters.is_empty() {
             return Ok(PmiOutcome::Spurious);
         }
@@ -375,35 +403,42 @@ impl<B: PmuBackend> Vpmu<B> {
             },
         };
         let identity = self.identity(platform, profiler.id, here, &sample);
-        let info = sample_info(platform, &sample, overflow, page.samples);
-        let SystemContext::Loaded {
-            mut ctx,
-            profiler: owner,
-        } = core::mem::replace(&mut pcpu.system, SystemContext::Absent)
-        else {
+        let mut buffer = None;
+        let details = sample_details(platform, &sample, overflow, page.samples, &mut buffer);
+        let SystemContext::Loaded { profiler: owner } = pcpu.system else {
             return Ok(PmiOutcome::Spurious);
         };
-        Self::save_on(&self.backend, &mut ctx, &mut pcpu.hw, &mut pcpu.record)?;
+        // Absent until it is known where the context stays (a failed save leaves it so).
+        pcpu.system = SystemContext::Absent;
+        let ctx = &mut pcpu.system_ctx;
+        Self::save_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)?;
         let backend = &self.backend;
-        let written = platform.with_page(page.slot, |page| {
-            backend.context_to_page(&ctx, &mut page.vendor);
-            publish_sample_info(page, &info);
-            publish_sample(page, &identity, sample.regs);
+        let written = platform.with_page(page.slot, |to| {
+            backend.context_to_page(ctx, &mut to.vendor);
+            let chain = publish_sample_details(
+                to,
+                &details.head,
+                details.chain,
+                details.chain_end,
+                page.chain_written,
+            );
+            publish_sample(to, &identity, sample.regs);
+            chain
         });
-        if written.is_none() {
+        let Some(chain_written) = written else {
             // The page vanished under us: restart the counters and count the loss.
-            Self::load_on(&self.backend, &ctx, &mut pcpu.hw, &mut pcpu.record)?;
-            pcpu.system = SystemContext::Loaded {
-                ctx,
-                profiler: owner,
-            };
+            Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)?;
+            pcpu.system = SystemContext::Loaded { profiler: owner };
             return Ok(self.account(profiler, false, overflow));
-        }
-        profiler.sampled = Some(ctx.clone());
-        pcpu.system = SystemContext::Cached {
-            ctx,
-            profiler: owner,
         };
+        if let Some(page) = profiler.page.as_mut() {
+            page.chain_written = chain_written;
+        }
+        match &mut profiler.sampled {
+            Some(sampled) => sampled.clone_from(ctx),
+            None => profiler.sampled = Some(ctx.clone()),
+        }
+        pcpu.system = SystemContext::Cached { profiler: owner };
         profiler.state = VcpuState::Cached {
             from: SampleSource::System { pcpu: here },
         };

@@ -114,13 +114,9 @@ impl<B: PmuBackend> Vpmu<B> {
                 });
             }
             CrossCpuRequest::DropSystem { profiler } => {
-                let owned = match &pcpu.system {
-                    SystemContext::Loaded {
-                        profiler: owner, ..
-                    }
-                    | SystemContext::Cached {
-                        profiler: owner, ..
-                    } => *owner == profiler,
+                let owned = match pcpu.system {
+                    SystemContext::Loaded { profiler: owner }
+                    | SystemContext::Cached { profiler: owner } => owner == profiler,
                     SystemContext::Absent => false,
                 };
                 if owned {
@@ -313,12 +309,13 @@ impl<B: PmuBackend> Vpmu<B> {
         value: u64,
     ) -> Result<(), CoreError> {
         let guest = self.guest_policy(self.policy(), platform, profiler.id.domain);
-        let outcome = match &mut pcpu.system {
-            SystemContext::Loaded { ctx, .. } => {
+        let ctx = &mut pcpu.system_ctx;
+        let outcome = match pcpu.system {
+            SystemContext::Loaded { .. } => {
                 self.backend
                     .guest_write(ctx, Some(&mut pcpu.hw), &guest, msr, value)?
             }
-            SystemContext::Cached { ctx, .. } => {
+            SystemContext::Cached { .. } => {
                 self.backend
                     .guest_write(ctx, None::<&mut H>, &guest, msr, value)?
             }
@@ -346,8 +343,13 @@ impl<B: PmuBackend> Vpmu<B> {
                 Self::load_on(&self.backend, &program, &mut pcpu.hw, &mut pcpu.record)?;
                 self.count_instance(profiler, true);
             }
-            SystemContext::Loaded { mut ctx, .. } => {
-                Self::save_on(&self.backend, &mut ctx, &mut pcpu.hw, &mut pcpu.record)?;
+            SystemContext::Loaded { .. } => {
+                Self::save_on(
+                    &self.backend,
+                    &mut pcpu.system_ctx,
+                    &mut pcpu.hw,
+                    &mut pcpu.record,
+                )?;
                 Self::load_on(&self.backend, &program, &mut pcpu.hw, &mut pcpu.record)?;
             }
             cached @ SystemContext::Cached { .. } => {
@@ -356,8 +358,8 @@ impl<B: PmuBackend> Vpmu<B> {
                 return Ok(());
             }
         }
+        pcpu.system_ctx = program;
         pcpu.system = SystemContext::Loaded {
-            ctx: program,
             profiler: profiler.id,
         };
         Ok(())
@@ -377,8 +379,8 @@ impl<B: PmuBackend> Vpmu<B> {
             return Ok(());
         }
         Self::load_on(&self.backend, &ctx, &mut pcpu.hw, &mut pcpu.record)?;
+        pcpu.system_ctx = ctx;
         pcpu.system = SystemContext::Loaded {
-            ctx,
             profiler: profiler.id,
         };
         self.unmask_physical_lvtpc(platform, pcpu);

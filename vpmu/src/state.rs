@@ -105,6 +105,9 @@ pub(crate) struct SharedPage {
     /// Samples generated for the page since init, published or dropped: the sequence number
     /// of the last one (`SampleInfo::sequence`). Kept here, never read back from the page.
     pub(crate) samples: u64,
+    /// Call-chain entries the last sample published in the page wrote: those past a shorter
+    /// next chain are cleared then. Kept here, never read back from the page.
+    pub(crate) chain_written: u32,
 }
 
 /// The vPMU part of a vCPU.
@@ -202,22 +205,23 @@ impl<C> VcpuPmu<C> {
     }
 }
 
-/// A pCPU's system-wide context (all mode): the privileged profiler's counters on it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SystemContext<C> {
+/// Where a pCPU's system-wide context is (all mode): the privileged profiler's counters on
+/// it. The context itself is kept beside this state in [`PcpuPmu`] (see
+/// [`PcpuPmu::system_context`]), so that a sample (`Loaded` to `Cached`) and its flush change
+/// the state without moving the context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SystemContext {
     /// None programmed.
     Absent,
-    /// Counting on this pCPU's hardware for `profiler`.
+    /// Counting on this pCPU's hardware for `profiler` (the context is authoritative except
+    /// for live counter values).
     Loaded {
-        /// The context (authoritative except for live counter values).
-        ctx: C,
         /// The privileged vCPU whose program it is.
         profiler: VcpuId,
     },
-    /// Stopped: its sample is cached in `profiler`'s page until the flush.
+    /// Stopped: its sample is cached in `profiler`'s page until the flush (the context is as
+    /// saved at the sample).
     Cached {
-        /// The context as saved at the sample.
-        ctx: C,
         /// The privileged vCPU whose page holds the sample.
         profiler: VcpuId,
     },
@@ -232,7 +236,10 @@ pub struct PcpuPmu<C, H> {
     /// What `hw` is known to hold while no context is loaded on it (save and load keep it).
     pub(crate) record: HwRecord,
     pub(crate) current: Option<VcpuId>,
-    pub(crate) system: SystemContext<C>,
+    pub(crate) system: SystemContext,
+    /// The system-wide context while `system` is not `Absent`; a leftover, never used, while
+    /// it is.
+    pub(crate) system_ctx: C,
     /// The vCPU whose cached sample masked this pCPU's physical LVTPC, if any.
     pub(crate) lvtpc_masked_for: Option<VcpuId>,
     /// The policy this pCPU's state was last brought in line with.
@@ -240,13 +247,14 @@ pub struct PcpuPmu<C, H> {
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
-    pub(crate) fn new(index: u32, hw: H, seen: PolicySnapshot) -> Self {
+    pub(crate) fn new(index: u32, hw: H, seen: PolicySnapshot, system_ctx: C) -> Self {
         Self {
             index,
             hw,
             record: HwRecord::unknown(),
             current: None,
             system: SystemContext::Absent,
+            system_ctx,
             lvtpc_masked_for: None,
             seen,
         }
@@ -289,9 +297,14 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
         self.lvtpc_masked_for.is_some()
     }
 
-    /// The system-wide context (all mode).
-    pub fn system(&self) -> &SystemContext<C> {
+    /// Where the system-wide context is (all mode).
+    pub fn system(&self) -> &SystemContext {
         &self.system
+    }
+
+    /// The system-wide context (all mode), unless it is absent.
+    pub fn system_context(&self) -> Option<&C> {
+        (self.system != SystemContext::Absent).then_some(&self.system_ctx)
     }
 
     /// The mode this pCPU last caught up with.

@@ -451,10 +451,15 @@ impl<B: PmuBackend> Vpmu<B> {
         platform: &mut P,
         pcpu: &mut PcpuPmu<B::Context, H>,
     ) -> Result<(), CoreError> {
-        if let SystemContext::Loaded { mut ctx, .. } =
+        if let SystemContext::Loaded { .. } =
             core::mem::replace(&mut pcpu.system, SystemContext::Absent)
         {
-            Self::save_on(&self.backend, &mut ctx, &mut pcpu.hw, &mut pcpu.record)?;
+            Self::save_on(
+                &self.backend,
+                &mut pcpu.system_ctx,
+                &mut pcpu.hw,
+                &mut pcpu.record,
+            )?;
         }
         self.unmask_physical_lvtpc(platform, pcpu);
         Ok(())
