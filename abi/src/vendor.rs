@@ -167,6 +167,12 @@ impl VendorArea {
             })
     }
 
+    /// The `count` words from `byte_offset`, if they are inside the area.
+    fn words_mut(&mut self, byte_offset: usize, count: usize) -> Option<&mut [u64]> {
+        let first = byte_offset / WORD;
+        self.words.get_mut(first..first.checked_add(count)?)
+    }
+
     fn word_mut(&mut self, byte_offset: usize) -> Result<&mut u64, AbiError> {
         self.words
             .get_mut(byte_offset / WORD)
@@ -300,6 +306,28 @@ impl IntelBanks {
         Ok(())
     }
 
+    /// Fills both banks at once (the hypervisor publishing a context): the fixed bank from
+    /// `fixed`, the GP bank from `gp_counters` and `gp_controls` paired up, each as far as the
+    /// bank and the values both go. One bounds check per bank instead of one per entry.
+    pub fn set_banks(
+        &self,
+        area: &mut VendorArea,
+        fixed: &[u64],
+        gp_counters: &[u64],
+        gp_controls: &[u64],
+    ) {
+        if let Some(bank) = area.words_mut(self.fixed_offset, self.fixed_count) {
+            let n = bank.len().min(fixed.len());
+            bank[..n].copy_from_slice(&fixed[..n]);
+        }
+        if let Some(bank) = area.words_mut(self.arch_offset, 2 * self.arch_count) {
+            let values = gp_counters.iter().zip(gp_controls);
+            for (pair, (&counter, &control)) in bank.chunks_exact_mut(2).zip(values) {
+                pair.copy_from_slice(&[counter, control]);
+            }
+        }
+    }
+
     /// GP counter/control pair `index`.
     pub fn pair(&self, area: &VendorArea, index: usize) -> Result<CounterPair, AbiError> {
         let at = self.pair_at(index)?;
@@ -394,6 +422,18 @@ impl AmdBanks {
     ) -> Result<(), AbiError> {
         *area.word_mut(self.entry_at("amd counters", self.counters_offset, index)?)? = value;
         Ok(())
+    }
+
+    /// Fills both banks at once (the hypervisor publishing a context) from `counters` and
+    /// `ctrls`, each as far as the bank and the values both go. One bounds check per bank
+    /// instead of one per entry.
+    pub fn set_banks(&self, area: &mut VendorArea, counters: &[u64], ctrls: &[u64]) {
+        for (offset, values) in [(self.counters_offset, counters), (self.ctrls_offset, ctrls)] {
+            if let Some(bank) = area.words_mut(offset, self.count) {
+                let n = bank.len().min(values.len());
+                bank[..n].copy_from_slice(&values[..n]);
+            }
+        }
     }
 
     /// Control `index` (PERF_CTLn).

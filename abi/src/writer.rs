@@ -132,8 +132,10 @@ pub fn publish_sample_details(
     let (valid, past) = info.callchain.split_at_mut(chain.len());
     valid.copy_from_slice(chain);
     let stale = (stale as usize).min(XENPMU_CALLCHAIN_MAX);
-    if let Some(stale) = past.get_mut(..stale.saturating_sub(chain.len())) {
-        stale.fill(0);
+    if stale > chain.len() {
+        if let Some(stale) = past.get_mut(..stale - chain.len()) {
+            stale.fill(0);
+        }
     }
     info.chain_len = chain.len() as u32;
     info.chain_end = chain_end;
@@ -294,6 +296,44 @@ mod tests {
                 control: 2
             })
         );
+    }
+
+    #[test]
+    fn banks_set_at_once_match_entry_by_entry() {
+        let intel = IntelBanks::new(3, 8).unwrap();
+        let (fixed, counters, controls) = ([1, 2, 3, 4], [10u64; 9], [20u64; 9]);
+        let mut at_once = VendorArea::default();
+        intel.set_banks(&mut at_once, &fixed, &counters[..8], &controls[..8]);
+        let mut one_by_one = VendorArea::default();
+        for i in 0..3 {
+            intel
+                .set_fixed_counter(&mut one_by_one, i, fixed[i])
+                .unwrap();
+        }
+        for i in 0..8 {
+            let pair = CounterPair {
+                counter: counters[i],
+                control: controls[i],
+            };
+            intel.set_pair(&mut one_by_one, i, pair).unwrap();
+        }
+        assert_eq!(at_once, one_by_one);
+        // Fewer values than entries: only those are written.
+        let mut short = VendorArea::default();
+        intel.set_banks(&mut short, &fixed[..1], &counters[..2], &controls[..1]);
+        assert_eq!(intel.fixed_counter(&short, 1), Ok(0));
+        assert_eq!(intel.pair(&short, 0).unwrap().control, 20);
+        assert_eq!(intel.pair(&short, 1), Ok(CounterPair::default()));
+
+        let amd = AmdBanks::new(6).unwrap();
+        let mut at_once = VendorArea::default();
+        amd.set_banks(&mut at_once, &counters, &controls);
+        let mut one_by_one = VendorArea::default();
+        for i in 0..6 {
+            amd.set_counter(&mut one_by_one, i, counters[i]).unwrap();
+            amd.set_ctrl(&mut one_by_one, i, controls[i]).unwrap();
+        }
+        assert_eq!(at_once, one_by_one);
     }
 
     #[test]

@@ -131,12 +131,9 @@ impl AmdContext {
             fixed.global_status = self.global_status;
         }
         area.set_amd_ctxt(&fixed);
-        for i in 0..caps.gp_counters() as usize {
-            // Cannot fail: `banks` was built for exactly `caps.gp_counters()` counters, and both
-            // arrays hold `MAX_COUNTERS` ≥ that many.
-            let _ = banks.set_counter(area, i, self.counters[i]);
-            let _ = banks.set_ctrl(area, i, self.guest_ctl[i]);
-        }
+        // `banks` was built for exactly `caps.gp_counters()` counters, and both arrays hold
+        // `MAX_COUNTERS` ≥ that many: every counter is written.
+        banks.set_banks(area, &self.counters, &self.guest_ctl);
     }
 
     /// Builds a context from a guest-edited `area`, addressing the banks through `banks` (never

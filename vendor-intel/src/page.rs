@@ -2,7 +2,7 @@
 //! through the layout this backend computed: the geometry words in the page are written for the
 //! guest and never read back.
 
-use vpmu::abi::{CounterPair, IntelCtxt, VendorArea};
+use vpmu::abi::{IntelCtxt, VendorArea};
 use vpmu::{ContextError, GuestPolicy};
 
 use crate::backend::IntelPmu;
@@ -57,17 +57,12 @@ impl IntelPmu {
         };
         self.page_banks.describe_in(&mut ctxt);
         area.set_intel_ctxt(&ctxt);
-        // The indices are below the bank's own counts, so these cannot fail.
-        for (index, &value) in (0..self.page_banks.fixed_count() as usize).zip(&ctx.fixed_counters)
-        {
-            let _ = self.page_banks.set_fixed_counter(area, index, value);
-        }
-        let pairs = ctx.gp_counters.iter().zip(&ctx.event_selects);
-        for (index, (&counter, &control)) in (0..self.page_banks.arch_count() as usize).zip(pairs) {
-            let _ = self
-                .page_banks
-                .set_pair(area, index, CounterPair { counter, control });
-        }
+        self.page_banks.set_banks(
+            area,
+            &ctx.fixed_counters,
+            &ctx.gp_counters,
+            &ctx.event_selects,
+        );
     }
 
     /// Rebuilds every register from the (already copied) area and verifies it with the WRMSR

@@ -70,14 +70,13 @@ struct Details<'c> {
 }
 
 /// The details of `sample`: the clock, the page's sequence number, what overflowed, and the
-/// call chain walked now, in the sampled context's address space, into `buffer` (filled only
-/// when there is a chain to walk).
+/// call chain walked now, in the sampled context's address space, into `chain`.
 fn sample_details<'c, P: Platform>(
     platform: &mut P,
     sample: &Sample,
     overflow: Overflow,
     sequence: u64,
-    buffer: &'c mut Option<[u64; XENPMU_CALLCHAIN_MAX]>,
+    chain: &'c mut [u64; XENPMU_CALLCHAIN_MAX],
 ) -> Details<'c> {
     let head = SampleHead {
         tsc: platform.timestamp(),
@@ -93,7 +92,6 @@ fn sample_details<'c, P: Platform>(
         };
     }
     let context = sample.context;
-    let chain = buffer.insert([0; XENPMU_CALLCHAIN_MAX]);
     let (len, chain_end) = crate::callchain::walk(sample.regs, chain, |at, out| {
         platform.read_sampled(context, at, out)
     });
@@ -265,8 +263,7 @@ impl<B: PmuBackend> Vpmu<B> {
         // The sample reports this overflow: it is no longer pending.
         vcpu.pending_pmi = None;
         let identity = self.identity(platform, vcpu.id, pcpu.index, sample);
-        let mut buffer = None;
-        let details = sample_details(platform, sample, overflow, page.samples, &mut buffer);
+        let details = sample_details(platform, sample, overflow, page.samples, &mut pcpu.chain);
         let backend = &self.backend;
         let ctx = &vcpu.ctx;
         let written = platform.with_page(page.slot, |to| {
@@ -403,8 +400,7 @@ impl<B: PmuBackend> Vpmu<B> {
             },
         };
         let identity = self.identity(platform, profiler.id, here, &sample);
-        let mut buffer = None;
-        let details = sample_details(platform, &sample, overflow, page.samples, &mut buffer);
+        let details = sample_details(platform, &sample, overflow, page.samples, &mut pcpu.chain);
         let SystemContext::Loaded { profiler: owner } = pcpu.system else {
             return Ok(PmiOutcome::Spurious);
         };

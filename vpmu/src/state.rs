@@ -1,6 +1,8 @@
 //! Per-vCPU and per-pCPU state objects, embedded by the integrator in its own vCPU and CPU
 //! structures (the core allocates nothing).
 
+use vpmu_abi::XENPMU_CALLCHAIN_MAX;
+
 use crate::backend::Overflow;
 use crate::bank::HwRecord;
 use crate::core::{Mode, PolicySnapshot};
@@ -244,6 +246,10 @@ pub struct PcpuPmu<C, H> {
     pub(crate) lvtpc_masked_for: Option<VcpuId>,
     /// The policy this pCPU's state was last brought in line with.
     pub(crate) seen: PolicySnapshot,
+    /// Where a sample's call chain is walked before it is copied into the page (the walk reads
+    /// through the platform, which lends the page only afterwards). Kept here so that a sample
+    /// does not clear a stack buffer first: only the entries the walk wrote are ever read.
+    pub(crate) chain: [u64; XENPMU_CALLCHAIN_MAX],
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
@@ -257,6 +263,7 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
             system_ctx,
             lvtpc_masked_for: None,
             seen,
+            chain: [0; XENPMU_CALLCHAIN_MAX],
         }
     }
 
