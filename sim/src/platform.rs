@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use vpmu::abi::{Page, Regs, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_HYPERVISOR};
 use vpmu::{
-    AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError,
-    PageSlot, Platform, RawEvent, SampledContext, VcpuId,
+    AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, Interruption, LvtpcDelivery,
+    MapError, PageSlot, Platform, RawEvent, SampledContext, VcpuId,
 };
 
 use crate::workload::stack_words;
@@ -320,6 +320,10 @@ impl Platform for SimPlatform {
 
     fn interrupted(&self, pcpu: u32) -> Interrupted {
         self.interrupted[pcpu as usize]
+    }
+
+    fn interruption(&self, pcpu: u32) -> Interruption {
+        self.interrupted[pcpu as usize].interruption()
     }
 
     fn diagnostic(&mut self, diagnostic: Diagnostic) {

@@ -46,7 +46,8 @@ pub use bank::HwRecord;
 pub use filter::{EventList, EventMatch, FilterAction, ListFull};
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};
 pub use platform::{
-    Diagnostic, Interrupted, LvtpcDelivery, MapError, PageSlot, Platform, SampledContext, VcpuId,
+    Diagnostic, Interrupted, Interruption, LvtpcDelivery, MapError, PageSlot, Platform,
+    SampledContext, VcpuId,
 };
 pub use pmi::PmiOutcome;
 pub use request::{ChangeRefused, Completion, CrossCpuRequest};

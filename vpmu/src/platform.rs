@@ -54,6 +54,31 @@ pub enum Interrupted {
     },
 }
 
+impl Interrupted {
+    /// What was running, without the registers.
+    pub fn interruption(&self) -> Interruption {
+        match self {
+            Interrupted::Guest { vcpu, .. } => Interruption::Guest(*vcpu),
+            Interrupted::Hypervisor { on_behalf_of, .. } => Interruption::Hypervisor {
+                on_behalf_of: on_behalf_of.map(|(vcpu, _)| vcpu),
+            },
+        }
+    }
+}
+
+/// What was running when a PMI arrived, without the registers [`Interrupted`] carries: all
+/// that a PMI delivered through a virtual LVTPC needs to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interruption {
+    /// A guest vCPU was executing guest code.
+    Guest(VcpuId),
+    /// The hypervisor itself was running, on behalf of a vCPU if any.
+    Hypervisor {
+        /// The vCPU the pCPU was running, if any.
+        on_behalf_of: Option<VcpuId>,
+    },
+}
+
 /// Whose address space a sample's call chain is read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SampledContext {
@@ -146,6 +171,14 @@ pub trait Platform {
 
     /// What `pcpu` was running when its PMI arrived.
     fn interrupted(&self, pcpu: u32) -> Interrupted;
+
+    /// What `pcpu` was running when its PMI arrived, without the registers (a PMI delivered
+    /// through a virtual LVTPC reads none); it must be `interrupted(pcpu).interruption()`.
+    /// The default computes exactly that, copying the registers on the way; a platform that
+    /// can tell without them (most can) saves that copy on every LVTPC PMI.
+    fn interruption(&self, pcpu: u32) -> Interruption {
+        self.interrupted(pcpu).interruption()
+    }
 
     /// The registers `vcpu` resumes at, as it is switched in on the caller's pCPU. An overflow
     /// kept pending across a switch-out is delivered then, and this is where the guest takes

@@ -18,7 +18,9 @@ use vpmu_abi::{
 use crate::backend::{Overflow, PmuBackend};
 use crate::core::{CoreError, Mode, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
-use crate::platform::{Diagnostic, Interrupted, LvtpcDelivery, Platform, SampledContext, VcpuId};
+use crate::platform::{
+    Diagnostic, Interrupted, Interruption, LvtpcDelivery, Platform, SampledContext, VcpuId,
+};
 use crate::state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState};
 
 /// What became of a PMI.
@@ -133,55 +135,30 @@ impl<B: PmuBackend> Vpmu<B> {
                 Err(fault) => Err(fault.into()),
                 Ok(o) if o.counters.is_empty() => Ok(PmiOutcome::Spurious),
                 Ok(o) if !o.interrupt => Ok(PmiOutcome::NoInterrupt(o)),
-                Ok(o) => {
-                    let interrupted = platform.interrupted(here);
-                    self.route_own(platform, pcpu, vcpu, o, &interrupted)
-                }
+                Ok(o) => self.route_own(platform, pcpu, vcpu, o, None),
             };
         });
         result
     }
 
     /// Routes an overflow of `vcpu`'s own counters (with its interrupt enabled) while it runs
-    /// on `pcpu`: to its page as a sample, or through its virtual LVTPC.
+    /// on `pcpu`: to its page as a sample, or through its virtual LVTPC. `interrupted` is what
+    /// the PMI interrupted, `None` to ask the platform (for the registers only if a sample
+    /// needs them).
     pub(crate) fn route_own<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
         overflow: Overflow,
-        interrupted: &Interrupted,
+        interrupted: Option<&Interrupted>,
     ) -> Result<PmiOutcome, CoreError> {
         vcpu.stats.pmis_generated += 1;
-        let privileged = platform.privileged_domain();
-        let hv = self.policy().mode == Mode::Hypervisor;
-        let sample = match interrupted {
-            Interrupted::Hypervisor { regs, .. } if hv && vcpu.id.domain == privileged => {
-                Some(Sample {
-                    domain_id: XENPMU_DOMID_HYPERVISOR,
-                    vcpu_id: vcpu.id.vcpu,
-                    regs,
-                    context: SampledContext::Hypervisor,
-                })
-            }
-            Interrupted::Hypervisor {
-                on_behalf_of: Some((id, regs)),
-                ..
-            }
-            | Interrupted::Guest { vcpu: id, regs }
-                if *id == vcpu.id =>
-            {
-                Some(Sample {
-                    domain_id: XENPMU_DOMID_SELF,
-                    vcpu_id: vcpu.id.vcpu,
-                    regs,
-                    context: SampledContext::Guest(vcpu.id),
-                })
-            }
-            // The loaded context is not the interrupted vCPU's: nothing to attribute it to.
-            _ => None,
+        let at = match interrupted {
+            Some(interrupted) => interrupted.interruption(),
+            None => platform.interruption(pcpu.index),
         };
-        let Some(sample) = sample else {
+        let Some(context) = self.own_sample_context(platform, vcpu.id, at) else {
             vcpu.stats.pmis_dropped += 1;
             return Ok(PmiOutcome::Dropped {
                 to: vcpu.id,
@@ -189,19 +166,79 @@ impl<B: PmuBackend> Vpmu<B> {
             });
         };
         let to = vcpu.id;
-        let delivered = if vcpu.page.is_some() {
-            self.publish(platform, pcpu, vcpu, &sample, overflow)?
-        } else {
-            match platform.deliver_lvtpc_pmi(to, self.backend.masks_lvtpc_on_pmi()) {
+        if vcpu.page.is_none() {
+            let delivered = match platform.deliver_lvtpc_pmi(to, self.backend.masks_lvtpc_on_pmi())
+            {
                 LvtpcDelivery::Delivered => true,
                 LvtpcDelivery::Masked => false,
                 LvtpcDelivery::Queued => {
                     vcpu.stats.pmis_in_flight += 1;
                     return Ok(PmiOutcome::Queued { to, overflow });
                 }
+            };
+            return Ok(self.account(vcpu, delivered, overflow));
+        }
+        let asked;
+        let interrupted = match interrupted {
+            Some(interrupted) => interrupted,
+            None => {
+                asked = platform.interrupted(pcpu.index);
+                &asked
             }
         };
+        let regs = match (context, interrupted) {
+            (SampledContext::Hypervisor, Interrupted::Hypervisor { regs, .. })
+            | (
+                SampledContext::Guest(_),
+                Interrupted::Hypervisor {
+                    on_behalf_of: Some((_, regs)),
+                    ..
+                }
+                | Interrupted::Guest { regs, .. },
+            ) => regs,
+            // A platform whose `interruption` disagrees with `interrupted`: nothing sure to
+            // attribute the sample to.
+            _ => return Ok(self.account(vcpu, false, overflow)),
+        };
+        let sample = Sample {
+            domain_id: match context {
+                SampledContext::Hypervisor => XENPMU_DOMID_HYPERVISOR,
+                SampledContext::Guest(_) => XENPMU_DOMID_SELF,
+            },
+            vcpu_id: vcpu.id.vcpu,
+            regs,
+            context,
+        };
+        let delivered = self.publish(platform, pcpu, vcpu, &sample, overflow)?;
         Ok(self.account(vcpu, delivered, overflow))
+    }
+
+    /// Whose sample an overflow of `vcpu`'s own counters is, given what its PMI interrupted:
+    /// the hypervisor's (hv mode, the privileged profiler's counters), `vcpu`'s own, or
+    /// nobody's (the loaded context is not the interrupted vCPU's).
+    fn own_sample_context<P: Platform>(
+        &self,
+        platform: &P,
+        vcpu: VcpuId,
+        at: Interruption,
+    ) -> Option<SampledContext> {
+        match at {
+            Interruption::Hypervisor { .. }
+                if self.policy().mode == Mode::Hypervisor
+                    && vcpu.domain == platform.privileged_domain() =>
+            {
+                Some(SampledContext::Hypervisor)
+            }
+            Interruption::Hypervisor {
+                on_behalf_of: Some(id),
+            }
+            | Interruption::Guest(id)
+                if id == vcpu =>
+            {
+                Some(SampledContext::Guest(vcpu))
+            }
+            _ => None,
+        }
     }
 
     /// The platform reports the outcome of an LVTPC delivery it queued: `delivered` if the PMI

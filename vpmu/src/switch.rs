@@ -313,7 +313,7 @@ impl<B: PmuBackend> Vpmu<B> {
                 on_behalf_of: None,
             },
         };
-        self.route_own(platform, pcpu, vcpu, overflow, &interrupted)?;
+        self.route_own(platform, pcpu, vcpu, overflow, Some(&interrupted))?;
         Ok(())
     }
 

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use vpmu::abi::{Page, Regs, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_HYPERVISOR};
 use vpmu::{
-    AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError,
-    PageSlot, Platform, VcpuId,
+    AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, Interruption, LvtpcDelivery,
+    MapError, PageSlot, Platform, VcpuId,
 };
 
 use super::rng::Rng;
@@ -170,6 +170,13 @@ impl Platform for PcpuPlatform<'_> {
             self.wrong_pcpu("tell the interrupted state", pcpu);
         }
         self.interrupted
+    }
+
+    fn interruption(&self, pcpu: u32) -> Interruption {
+        if pcpu != self.pcpu {
+            self.wrong_pcpu("tell the interrupted state", pcpu);
+        }
+        self.interrupted.interruption()
     }
 
     fn resume_regs(&self, vcpu: VcpuId) -> Option<Regs> {

@@ -14,8 +14,8 @@ use vpmu::abi::{
     XENPMU_REGS_MODE_HYPERVISOR, XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER,
 };
 use vpmu::{
-    AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError,
-    PageSlot, Platform, SampledContext, VcpuId,
+    AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, Interruption, LvtpcDelivery,
+    MapError, PageSlot, Platform, SampledContext, VcpuId,
 };
 use zerocopy::IntoBytes;
 
@@ -601,6 +601,15 @@ impl Platform for KvmPlatform<'_> {
                 vcpu: self.me,
                 regs: self.state.regs,
             },
+        }
+    }
+
+    fn interruption(&self, _pcpu: u32) -> Interruption {
+        match self.state.hypervisor {
+            Some(_) => Interruption::Hypervisor {
+                on_behalf_of: Some(self.me),
+            },
+            None => Interruption::Guest(self.me),
         }
     }
 
