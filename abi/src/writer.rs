@@ -305,16 +305,11 @@ mod tests {
         let mut at_once = VendorArea::default();
         intel.set_banks(&mut at_once, &fixed, &counters[..8], &controls[..8]);
         let mut one_by_one = VendorArea::default();
-        for i in 0..3 {
-            intel
-                .set_fixed_counter(&mut one_by_one, i, fixed[i])
-                .unwrap();
+        for (i, &value) in fixed.iter().enumerate().take(3) {
+            intel.set_fixed_counter(&mut one_by_one, i, value).unwrap();
         }
-        for i in 0..8 {
-            let pair = CounterPair {
-                counter: counters[i],
-                control: controls[i],
-            };
+        for (i, (&counter, &control)) in counters.iter().zip(&controls).enumerate().take(8) {
+            let pair = CounterPair { counter, control };
             intel.set_pair(&mut one_by_one, i, pair).unwrap();
         }
         assert_eq!(at_once, one_by_one);
@@ -329,9 +324,9 @@ mod tests {
         let mut at_once = VendorArea::default();
         amd.set_banks(&mut at_once, &counters, &controls);
         let mut one_by_one = VendorArea::default();
-        for i in 0..6 {
-            amd.set_counter(&mut one_by_one, i, counters[i]).unwrap();
-            amd.set_ctrl(&mut one_by_one, i, controls[i]).unwrap();
+        for (i, (&counter, &control)) in counters.iter().zip(&controls).enumerate().take(6) {
+            amd.set_counter(&mut one_by_one, i, counter).unwrap();
+            amd.set_ctrl(&mut one_by_one, i, control).unwrap();
         }
         assert_eq!(at_once, one_by_one);
     }
