@@ -75,6 +75,7 @@ impl PmuBackend for IntelPmu {
         MSR_RANGES
     }
 
+    #[inline]
     fn classify(&self, msr: Msr) -> Option<IntelMsr> {
         IntelMsr::classify(msr)
     }
@@ -95,6 +96,7 @@ impl PmuBackend for IntelPmu {
         crate::msrs::rdpmc_counter(selector)
     }
 
+    #[inline]
     fn read_register<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -104,6 +106,7 @@ impl PmuBackend for IntelPmu {
         self.emulate_read(ctx, hw, register)
     }
 
+    #[inline]
     fn write_register<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,

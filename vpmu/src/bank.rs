@@ -98,11 +98,13 @@ impl BankMap {
     }
 
     /// Reads counter `index` from the hardware, masked to the counter's bits.
+    #[inline]
     pub fn read_counter<B: MsrBus>(&self, hw: &mut B, index: u32) -> Result<u64, MsrFault> {
         Ok(hw.read(self.counters.at(index))? & self.value_mask)
     }
 
     /// Writes counter `index` on the hardware through the alias that stores it exactly.
+    #[inline]
     pub fn write_counter<B: MsrBus>(
         &self,
         hw: &mut B,

@@ -71,11 +71,11 @@ pub struct PolicySnapshot {
 
 impl PolicySnapshot {
     // The word: epoch in bits 63:16, features in 15:8, the ABI mode value in 7:0.
-    fn pack(self) -> u64 {
+    pub(crate) fn pack(self) -> u64 {
         self.epoch << 16 | (self.features & 0xff) << 8 | self.mode.to_abi()
     }
 
-    fn unpack(word: u64) -> Self {
+    pub(crate) fn unpack(word: u64) -> Self {
         PolicySnapshot {
             mode: Mode::from_abi(word & 0xff).unwrap_or(Mode::Off),
             features: (word >> 8) & 0xff,
@@ -185,7 +185,13 @@ impl<B: PmuBackend> Vpmu<B> {
 
     /// The policy in force.
     pub fn policy(&self) -> PolicySnapshot {
-        PolicySnapshot::unpack(self.policy.load(Ordering::Acquire))
+        PolicySnapshot::unpack(self.policy_word())
+    }
+
+    /// The policy in force, packed: equal words are the same snapshot.
+    #[inline(always)]
+    pub(crate) fn policy_word(&self) -> u64 {
+        self.policy.load(Ordering::Acquire)
     }
 
     /// The current mode.

@@ -107,6 +107,28 @@ pub(crate) struct SharedPage {
     pub(crate) samples: u64,
 }
 
+/// The outcome of a vCPU's last full intercept entry, kept so that the next intercepts under
+/// the same policy skip it: under policy word `word` (the packed mode, features and epoch,
+/// which every change of mode, features or event filter replaces) the vCPU had a vPMU, the
+/// mode switched contexts, and its context was validated. While the word is unchanged, the
+/// pCPU has caught up with it and the context is loaded on that pCPU, every check of the
+/// full entry passes, so the fast path is the full path with its answers known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FastIntercepts {
+    /// The policy word of the checks; `u64::MAX` (an epoch no vPMU reaches) for none.
+    pub(crate) word: u64,
+    /// `GuestPolicy::may_count_host` under that policy.
+    pub(crate) may_count_host: bool,
+}
+
+impl FastIntercepts {
+    /// No fast path until a full entry has passed.
+    pub(crate) const NONE: FastIntercepts = FastIntercepts {
+        word: u64::MAX,
+        may_count_host: false,
+    };
+}
+
 /// The vPMU part of a vCPU.
 #[derive(Clone, Debug)]
 pub struct VcpuPmu<C> {
@@ -115,6 +137,8 @@ pub struct VcpuPmu<C> {
     pub(crate) ctx: C,
     /// The policy epoch `ctx` was last validated against.
     pub(crate) validated: u64,
+    /// When this vCPU's intercepts may skip the entry checks (see `intercept.rs`).
+    pub(crate) fast: FastIntercepts,
     pub(crate) page: Option<SharedPage>,
     /// The page path's virtual LVTPC mask, as last applied by lvtpc_set or flush.
     pub(crate) page_lvtpc_masked: bool,
@@ -147,6 +171,7 @@ impl<C> VcpuPmu<C> {
             state: VcpuState::Allocated,
             ctx,
             validated: 0,
+            fast: FastIntercepts::NONE,
             page: None,
             page_lvtpc_masked: true,
             running_on: None,
