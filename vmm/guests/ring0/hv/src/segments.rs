@@ -208,6 +208,11 @@ where
 
     /// `v` (running here) counts exactly over a loop: its segments' constant holds.
     pub(crate) fn still_exact(&mut self, v: VcpuId, what: &str) -> bool {
+        // The constant is the steady state's: the path of a counter read whose vCPU's
+        // intercepts take the core's fast path. The first intercept after a policy change
+        // takes the full entry (the policy word changed) and its tail would count into the
+        // loop, so one read comes first.
+        let _ = self.w.rd(self.cpu, v, self.plan.ctr(0));
         let (v0, v1) = self.measure(v, 150);
         let i = index_of(v).unwrap_or(0);
         let got = v1.wrapping_sub(v0);
