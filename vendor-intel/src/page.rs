@@ -3,10 +3,11 @@
 //! guest and never read back.
 
 use vpmu::abi::{CounterPair, IntelCtxt, VendorArea};
-use vpmu::{ContextError, GuestPolicy};
+use vpmu::{ContextError, CounterSet, GuestPolicy};
 
 use crate::backend::IntelPmu;
-use crate::context::IntelContext;
+use crate::context::{FIXED_SLOTS, GP_SLOTS, IntelContext};
+use crate::msrs::fixed_nibble;
 use crate::policy::Refused;
 use crate::restrict::{self, Restricted};
 
@@ -71,25 +72,26 @@ impl IntelPmu {
     }
 
     /// Rebuilds every register from the (already copied) area and verifies it with the WRMSR
-    /// validators. The first violation is returned; nothing is repaired. A control (each
-    /// PERFEVTSELx, FIXED_CTR_CTRL, DS_AREA) left exactly as `saved` publishes it was legal
-    /// when published: it is not refused but given the hardware image [`restrict`] computes
-    /// under `policy`, so an unedited page always flushes whatever the policy became since.
-    pub(crate) fn read_page(
+    /// validators. The first violation is returned and `out` is left as it was: every check
+    /// runs before the first write to it. Nothing is repaired. A control (each PERFEVTSELx,
+    /// FIXED_CTR_CTRL, DS_AREA) left exactly as `saved` publishes it was legal when published:
+    /// it is not refused but given the hardware image [`restrict`] computes under `policy`, so
+    /// an unedited page always flushes whatever the policy became since.
+    pub(crate) fn read_page_into(
         &self,
         area: &VendorArea,
         saved: &IntelContext,
         policy: &GuestPolicy<'_>,
-    ) -> Result<IntelContext, ContextError> {
+        out: &mut IntelContext,
+    ) -> Result<(), ContextError> {
         let rules = &self.rules;
         let ctxt = area.intel_ctxt();
-        let mut ctx = IntelContext::reset(&self.caps);
 
-        ctx.global_ctrl =
+        let global_ctrl =
             rules
                 .global_ctrl(ctxt.global_ctrl)
                 .or_refuse("global_ctrl", None, ctxt.global_ctrl)?;
-        ctx.fixed_ctrl_hw = if ctxt.fixed_ctrl == saved.fixed_ctrl {
+        let fixed_ctrl_hw = if ctxt.fixed_ctrl == saved.fixed_ctrl {
             unedited(restrict::fixed_ctrl(rules, ctxt.fixed_ctrl, policy))
         } else {
             rules.fixed_ctrl(ctxt.fixed_ctrl, policy).or_refuse(
@@ -98,7 +100,6 @@ impl IntelPmu {
                 ctxt.fixed_ctrl,
             )?
         };
-        ctx.fixed_ctrl = ctxt.fixed_ctrl;
         // Acknowledging is clearing: the owner may drop recorded overflows, never invent one.
         if ctxt.global_status & !saved.global_status != 0 {
             return Err(refused("global_status", None, ctxt.global_status));
@@ -108,8 +109,7 @@ impl IntelPmu {
             None,
             ctxt.global_ovf_ctrl,
         )?;
-        ctx.global_status = ctxt.global_status & !acknowledged;
-        ctx.ds_area = if ctxt.ds_area == saved.ds_area {
+        let ds_area = if ctxt.ds_area == saved.ds_area {
             unedited(restrict::ds_area(rules, ctxt.ds_area, policy))
         } else {
             rules
@@ -120,34 +120,50 @@ impl IntelPmu {
             .pebs_enable(ctxt.pebs_enable)
             .or_refuse("pebs_enable", None, ctxt.pebs_enable)?;
 
-        for (index, slot) in (0..self.page_banks.fixed_count()).zip(&mut ctx.fixed_counters) {
-            let value = self
-                .page_banks
-                .fixed_counter(area, index as usize)
-                .map_err(|_| refused("fixed_counter", Some(index), 0))?;
+        // Slots past the banks, and counters whose value and control are both 0 (which every
+        // validator accepts as 0), stay 0; only the others are judged.
+        let mut in_use = 0u64;
+        let mut fixed_counters = [0u64; FIXED_SLOTS];
+        let fixed = self
+            .page_banks
+            .fixed_bank(area)
+            .map_err(|_| refused("fixed_counter", Some(0), 0))?;
+        for ((index, &value), slot) in (0u32..).zip(fixed).zip(&mut fixed_counters) {
+            if value == 0 {
+                continue;
+            }
             *slot = if self.caps.has_fixed(index) {
                 rules
                     .fixed_counter(value)
                     .or_refuse("fixed_counter", Some(index), value)?
-            } else if value == 0 {
-                // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
-                0
             } else {
+                // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
                 return Err(refused("fixed_counter", Some(index), value));
             };
         }
-        let gp_slots = ctx
-            .gp_counters
+        for (index, &value) in (0u32..).zip(&fixed_counters) {
+            if value != 0 || fixed_nibble(ctxt.fixed_ctrl, index) != 0 {
+                in_use |= CounterSet::fixed(index).0;
+            }
+        }
+
+        let mut gp_counters = [0u64; GP_SLOTS];
+        let mut event_selects = [0u64; GP_SLOTS];
+        let mut event_selects_hw = [0u64; GP_SLOTS];
+        let pairs = self
+            .page_banks
+            .arch_bank(area)
+            .map_err(|_| refused("counter", Some(0), 0))?;
+        let slots = gp_counters
             .iter_mut()
-            .zip(ctx.event_selects.iter_mut().zip(&mut ctx.event_selects_hw))
+            .zip(event_selects.iter_mut().zip(&mut event_selects_hw))
             .zip(&saved.event_selects);
-        for (index, ((counter, (control, control_hw)), &published)) in
-            (0..self.page_banks.arch_count()).zip(gp_slots)
+        for ((index, pair), ((counter, (control, control_hw)), &published)) in
+            (0u32..).zip(pairs).zip(slots)
         {
-            let pair = self
-                .page_banks
-                .pair(area, index as usize)
-                .map_err(|_| refused("counter", Some(index), 0))?;
+            if pair.counter == 0 && pair.control == 0 {
+                continue;
+            }
             *counter = rules.full_width_counter(pair.counter).or_refuse(
                 "counter",
                 Some(index),
@@ -163,8 +179,26 @@ impl IntelPmu {
                 )?
             };
             *control = pair.control;
+            in_use |= CounterSet::gp(index).0;
         }
-        ctx.recompute_in_use();
-        Ok(ctx)
+
+        // Verified: from here on nothing fails.
+        out.gp_counters = gp_counters;
+        out.event_selects = event_selects;
+        out.event_selects_hw = event_selects_hw;
+        out.fixed_counters = fixed_counters;
+        out.fixed_ctrl = ctxt.fixed_ctrl;
+        out.fixed_ctrl_hw = fixed_ctrl_hw;
+        out.global_ctrl = global_ctrl;
+        out.global_status = ctxt.global_status & !acknowledged;
+        out.ds_area = ds_area;
+        out.in_use = CounterSet(in_use);
+        #[cfg(debug_assertions)]
+        {
+            let mut check = out.clone();
+            check.recompute_in_use();
+            debug_assert_eq!(check.in_use, out.in_use, "in_use of a flushed page");
+        }
+        Ok(())
     }
 }

@@ -5,11 +5,11 @@
 
 use vpmu_abi::ops::{CoverageParams, Op, OpError, Params, is_valid_features, is_valid_mode};
 use vpmu_abi::writer::{
-    clear_cached, copy_vendor_area, guest_lvtpc_masked, init_page, set_tsc_khz,
+    clear_cached, copy_vendor_used, guest_lvtpc_masked, init_page, set_tsc_khz,
 };
 use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 
-use crate::backend::PmuBackend;
+use crate::backend::{ContextError, PmuBackend};
 use crate::core::{Mode, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
 use crate::platform::{Diagnostic, MapError, Platform, VcpuId};
@@ -379,51 +379,74 @@ impl<B: PmuBackend> Vpmu<B> {
                 return Err(OpError::Again);
             }
         }
-        let (area, lvtpc) = platform
-            .with_page(page.slot, |page| (copy_vendor_area(page), page.lapic_lvtpc))
+        // The one read of the guest's vendor area: only what the backend's layout addresses,
+        // into this pCPU's copy, which is all that is verified and loaded from here on.
+        let layout = self.backend.page_layout();
+        let copy = &mut pcpu.page_copy;
+        let lvtpc = platform
+            .with_page(page.slot, |page| {
+                copy_vendor_used(page, &layout, copy);
+                page.lapic_lvtpc
+            })
             .ok_or(OpError::NoVpmu)?;
         let guest = self.guest_policy(policy, platform, vcpu.id.domain);
-        let verified = match from {
-            // The sampled pCPU's context as saved at the sample (kept with the sample: that
-            // pCPU's state is not ours to read).
-            SampleSource::System { .. } => match vcpu.sampled.as_ref() {
-                Some(saved) => self.backend.context_from_page(&area, saved, &guest),
-                None => return Err(OpError::InvalidArgument),
-            },
-            SampleSource::Own { .. } => self.backend.context_from_page(&area, &vcpu.ctx, &guest),
-        };
-        let context = match verified {
-            Ok(context) => context,
-            Err(error) => {
-                platform.diagnostic(Diagnostic::InvalidContextAtFlush {
-                    vcpu: vcpu.id,
-                    register: error.register,
-                });
-                return Err(OpError::InvalidContext);
-            }
-        };
+        let area = &pcpu.page_copy;
+        let here = pcpu.index;
         match from {
-            SampleSource::System { pcpu: p } if p == pcpu.index => {
-                let SystemContext::Cached { profiler, .. } = pcpu.system else {
+            SampleSource::System { pcpu: p } if p == here => {
+                // The sampled pCPU's context as saved at the sample (kept with the sample: an
+                // instance may have taken writes since) is what the page is judged against.
+                let Some(saved) = vcpu.sampled.as_ref() else {
                     return Err(OpError::InvalidArgument);
                 };
-                Self::load_on(&self.backend, &context, &mut pcpu.hw, &mut pcpu.record)
-                    .map_err(|_| OpError::InvalidContext)?;
-                pcpu.system = SystemContext::Loaded {
-                    ctx: context,
-                    profiler,
+                // Verified into the cached instance itself, which is then loaded where it is.
+                // A load that faults leaves the instance cached holding the page's context.
+                let verified = match &mut pcpu.system {
+                    SystemContext::Cached { ctx, .. } => self
+                        .backend
+                        .context_from_page_into(area, saved, &guest, ctx),
+                    _ => {
+                        let mut ctx = self.backend.new_context();
+                        self.backend
+                            .context_from_page_into(area, saved, &guest, &mut ctx)
+                    }
                 };
+                Self::accepted(platform, vcpu.id, verified)?;
+                let SystemContext::Cached { ctx, .. } = &pcpu.system else {
+                    return Err(OpError::InvalidArgument);
+                };
+                Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)
+                    .map_err(|_| OpError::InvalidContext)?;
+                if let SystemContext::Cached { ctx, profiler } =
+                    core::mem::replace(&mut pcpu.system, SystemContext::Absent)
+                {
+                    pcpu.system = SystemContext::Loaded { ctx, profiler };
+                }
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 self.unmask_physical_lvtpc(platform, pcpu);
             }
             SampleSource::System { pcpu: p } => {
+                let Some(saved) = vcpu.sampled.as_ref() else {
+                    return Err(OpError::InvalidArgument);
+                };
+                let mut context = self.backend.new_context();
+                let verified =
+                    self.backend
+                        .context_from_page_into(area, saved, &guest, &mut context);
+                Self::accepted(platform, vcpu.id, verified)?;
                 vcpu.handover = Some((p, context));
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 platform.send_request(p, CrossCpuRequest::ResumeSystem { profiler: vcpu.id });
             }
             SampleSource::Own { pcpu: p } => {
+                // The saved context is the one the page is judged against: verified apart.
+                let mut context = self.backend.new_context();
+                let verified =
+                    self.backend
+                        .context_from_page_into(area, &vcpu.ctx, &guest, &mut context);
+                Self::accepted(platform, vcpu.id, verified)?;
                 vcpu.ctx = context;
                 vcpu.state = VcpuState::Saved;
                 if p == pcpu.index && pcpu.lvtpc_masked_for == Some(vcpu.id) {
@@ -436,5 +459,20 @@ impl<B: PmuBackend> Vpmu<B> {
         vcpu.page_lvtpc_masked = guest_lvtpc_masked(lvtpc);
         platform.with_page(page.slot, clear_cached);
         Ok(())
+    }
+
+    /// A flushed page's verdict: a refusal is reported (which register) and is `-EIO`.
+    fn accepted<P: Platform>(
+        platform: &mut P,
+        vcpu: VcpuId,
+        verified: Result<(), ContextError>,
+    ) -> Result<(), OpError> {
+        verified.map_err(|error| {
+            platform.diagnostic(Diagnostic::InvalidContextAtFlush {
+                vcpu,
+                register: error.register,
+            });
+            OpError::InvalidContext
+        })
     }
 }

@@ -1,6 +1,8 @@
 //! Per-vCPU and per-pCPU state objects, embedded by the integrator in its own vCPU and CPU
 //! structures (the core allocates nothing).
 
+use vpmu_abi::VendorArea;
+
 use crate::backend::Overflow;
 use crate::bank::HwRecord;
 use crate::core::{Mode, PolicySnapshot};
@@ -237,6 +239,10 @@ pub struct PcpuPmu<C, H> {
     pub(crate) lvtpc_masked_for: Option<VcpuId>,
     /// The policy this pCPU's state was last brought in line with.
     pub(crate) seen: PolicySnapshot,
+    /// The copy of a guest's vendor area that a flush on this pCPU verifies and loads. Kept
+    /// from flush to flush so that a flush copies only the words the backend's layout uses
+    /// (the rest are never written and stay 0) instead of moving the whole area on the stack.
+    pub(crate) page_copy: VendorArea,
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
@@ -249,6 +255,7 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
             system: SystemContext::Absent,
             lvtpc_masked_for: None,
             seen,
+            page_copy: VendorArea::default(),
         }
     }
 
