@@ -122,13 +122,14 @@ pub fn copy_vendor_area(page: &Page) -> VendorArea {
     page.vendor.clone()
 }
 
-/// Copies the part of the vendor area `layout` uses out of a page the guest can write, into
-/// `into`, for verification, as [`copy_vendor_area`] does for the whole area: the copy is what
-/// the hypervisor checks and loads. The rest of `into` is left as it was; nothing addressed
-/// through `layout` lies there. A hot path that keeps its `into` from call to call copies a
+/// Copies the first `words` words of the vendor area (a layout's
+/// [`VendorLayout::used_words`]) out of a page the guest can write, into `into`, for
+/// verification, as [`copy_vendor_area`] does for the whole area: the copy is what the
+/// hypervisor checks and loads. The rest of `into` is left as it was; nothing addressed
+/// through the layout lies there. A hot path that keeps its `into` from call to call copies a
 /// few hundred bytes instead of moving the whole area.
-pub fn copy_vendor_used(page: &Page, layout: &VendorLayout, into: &mut VendorArea) {
-    let used = layout.used_words().min(into.words.len());
+pub fn copy_vendor_words(page: &Page, words: usize, into: &mut VendorArea) {
+    let used = words.min(into.words.len());
     if let (Some(to), Some(from)) = (into.words.get_mut(..used), page.vendor.words.get(..used)) {
         to.copy_from_slice(from);
     }
@@ -255,7 +256,7 @@ mod tests {
                 *word = i;
             }
             let mut copy = VendorArea::default();
-            copy_vendor_used(&page, &layout, &mut copy);
+            copy_vendor_words(&page, layout.used_words(), &mut copy);
             let used = layout.used_words();
             assert_eq!(copy.words[..used], page.vendor.words[..used]);
             assert!(copy.words[used..].iter().all(|&w| w == 0));

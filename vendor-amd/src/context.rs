@@ -162,30 +162,38 @@ impl AmdContext {
             .counter_bank(area)
             .map_err(|_| bank_error("counter"))?;
         let ctrl_bank = banks.ctrl_bank(area).map_err(|_| bank_error("ctrl"))?;
-        let mut counters = [0u64; N];
-        let mut guest_ctl = [0u64; N];
+        // A counter and control both 0 pass every validator as 0, and so do the slots past
+        // the banks: only the others ("live") are judged, lowest index first.
+        let mut live_set = 0u64;
+        for ((index, &counter), &control) in (0..N).zip(counter_bank).zip(ctrl_bank) {
+            live_set |= u64::from(counter | control != 0) << index;
+        }
         let mut hw_ctl = [0u64; N];
         let mut armed = 0u64;
         let mut in_use = 0u64;
-        let entries = counter_bank.iter().zip(ctrl_bank).zip(&saved.guest_ctl);
-        let slots = counters
-            .iter_mut()
-            .zip(guest_ctl.iter_mut().zip(&mut hw_ctl));
-        for ((index, ((&raw_counter, &raw_ctl), &published)), (counter, (guest, hardware))) in
-            (0u32..).zip(entries).zip(slots)
-        {
-            // A counter and control both 0 pass every validator as 0: nothing to judge.
-            if raw_counter == 0 && raw_ctl == 0 {
+        let mut live = live_set;
+        while live != 0 {
+            let index = live.trailing_zeros();
+            live &= live - 1;
+            let i = index as usize;
+            let (Some(&raw_counter), Some(&raw_ctl), Some(&published), Some(hardware)) = (
+                counter_bank.get(i),
+                ctrl_bank.get(i),
+                saved.guest_ctl.get(i),
+                hw_ctl.get_mut(i),
+            ) else {
                 continue;
-            }
+            };
             let refused = |register, value| ContextError {
                 register,
                 index: Some(index),
                 value,
             };
-            *counter =
+            let counter =
                 policy::page_counter(raw_counter).map_err(|_| refused("counter", raw_counter))?;
-            if *counter & COUNTER_TOP_BIT != 0 {
+            // The page's value is taken as it is or refused: the commit below copies it.
+            debug_assert_eq!(counter, raw_counter);
+            if counter & COUNTER_TOP_BIT != 0 {
                 armed |= CounterSet::gp(index).0;
             }
             let control = if raw_ctl == published {
@@ -193,7 +201,7 @@ impl AmdContext {
             } else {
                 policy::control(raw_ctl, guest_policy).map_err(|_| refused("ctrl", raw_ctl))?
             };
-            *guest = control.guest;
+            debug_assert_eq!(control.guest, raw_ctl);
             *hardware = control.hardware;
             if control.hardware & ctl::EN != 0 {
                 in_use |= CounterSet::gp(index).0;
@@ -224,8 +232,17 @@ impl AmdContext {
         };
 
         // Verified: from here on nothing fails.
-        out.counters = counters;
-        out.guest_ctl = guest_ctl;
+        out.counters = [0; N];
+        out.guest_ctl = [0; N];
+        for ((counter, control), (&raw_counter, &raw_ctl)) in out
+            .counters
+            .iter_mut()
+            .zip(out.guest_ctl.iter_mut())
+            .zip(counter_bank.iter().zip(ctrl_bank))
+        {
+            *counter = raw_counter;
+            *control = raw_ctl;
+        }
         out.hw_ctl = hw_ctl;
         out.global_ctl = global_ctl;
         out.global_status = global_status;

@@ -7,7 +7,6 @@ use vpmu::{ContextError, CounterSet, GuestPolicy};
 
 use crate::backend::IntelPmu;
 use crate::context::{FIXED_SLOTS, GP_SLOTS, IntelContext};
-use crate::msrs::fixed_nibble;
 use crate::policy::Refused;
 use crate::restrict::{self, Restricted};
 
@@ -120,56 +119,61 @@ impl IntelPmu {
             .pebs_enable(ctxt.pebs_enable)
             .or_refuse("pebs_enable", None, ctxt.pebs_enable)?;
 
-        // Slots past the banks, and counters whose value and control are both 0 (which every
-        // validator accepts as 0), stay 0; only the others are judged.
-        let mut in_use = 0u64;
-        let mut fixed_counters = [0u64; FIXED_SLOTS];
+        // Entries whose value and control are both 0 pass every validator as 0, and so do the
+        // slots past the banks: only the others ("live") are judged, lowest index first.
         let fixed = self
             .page_banks
             .fixed_bank(area)
             .map_err(|_| refused("fixed_counter", Some(0), 0))?;
-        for ((index, &value), slot) in (0u32..).zip(fixed).zip(&mut fixed_counters) {
-            if value == 0 {
-                continue;
-            }
-            *slot = if self.caps.has_fixed(index) {
-                rules
-                    .fixed_counter(value)
-                    .or_refuse("fixed_counter", Some(index), value)?
-            } else {
-                // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
-                return Err(refused("fixed_counter", Some(index), value));
-            };
-        }
-        for (index, &value) in (0u32..).zip(&fixed_counters) {
-            if value != 0 || fixed_nibble(ctxt.fixed_ctrl, index) != 0 {
-                in_use |= CounterSet::fixed(index).0;
-            }
-        }
-
-        let mut gp_counters = [0u64; GP_SLOTS];
-        let mut event_selects = [0u64; GP_SLOTS];
-        let mut event_selects_hw = [0u64; GP_SLOTS];
         let pairs = self
             .page_banks
             .arch_bank(area)
             .map_err(|_| refused("counter", Some(0), 0))?;
-        let slots = gp_counters
-            .iter_mut()
-            .zip(event_selects.iter_mut().zip(&mut event_selects_hw))
-            .zip(&saved.event_selects);
-        for ((index, pair), ((counter, (control, control_hw)), &published)) in
-            (0u32..).zip(pairs).zip(slots)
-        {
-            if pair.counter == 0 && pair.control == 0 {
-                continue;
+        let mut fixed_live = 0u64;
+        for (index, &value) in (0..FIXED_SLOTS).zip(fixed) {
+            fixed_live |= u64::from(value != 0) << index;
+        }
+        let mut gp_live = 0u64;
+        for (index, pair) in (0..GP_SLOTS).zip(pairs) {
+            gp_live |= u64::from(pair.counter | pair.control != 0) << index;
+        }
+        let mut live = fixed_live;
+        while live != 0 {
+            let index = live.trailing_zeros();
+            live &= live - 1;
+            let value = fixed.get(index as usize).map_or(0, |&value| value);
+            if !self.caps.has_fixed(index) {
+                // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
+                return Err(refused("fixed_counter", Some(index), value));
             }
-            *counter = rules.full_width_counter(pair.counter).or_refuse(
+            let accepted =
+                rules
+                    .fixed_counter(value)
+                    .or_refuse("fixed_counter", Some(index), value)?;
+            // Counter validators take a value as it is or refuse it: the commit below copies
+            // the page's.
+            debug_assert_eq!(accepted, value);
+        }
+        let mut event_selects_hw = [0u64; GP_SLOTS];
+        let mut live = gp_live;
+        while live != 0 {
+            let index = live.trailing_zeros();
+            live &= live - 1;
+            let i = index as usize;
+            let (Some(pair), Some(&published), Some(image)) = (
+                pairs.get(i),
+                saved.event_selects.get(i),
+                event_selects_hw.get_mut(i),
+            ) else {
+                continue;
+            };
+            let accepted = rules.full_width_counter(pair.counter).or_refuse(
                 "counter",
                 Some(index),
                 pair.counter,
             )?;
-            *control_hw = if pair.control == published {
+            debug_assert_eq!(accepted, pair.counter);
+            *image = if pair.control == published {
                 unedited(restrict::event_select(rules, pair.control, policy))
             } else {
                 rules.event_select(pair.control, policy).or_refuse(
@@ -178,21 +182,34 @@ impl IntelPmu {
                     pair.control,
                 )?
             };
-            *control = pair.control;
-            in_use |= CounterSet::gp(index).0;
         }
 
         // Verified: from here on nothing fails.
-        out.gp_counters = gp_counters;
-        out.event_selects = event_selects;
+        out.fixed_counters = [0; FIXED_SLOTS];
+        for (slot, &value) in out.fixed_counters.iter_mut().zip(fixed) {
+            *slot = value;
+        }
+        out.gp_counters = [0; GP_SLOTS];
+        out.event_selects = [0; GP_SLOTS];
+        for ((counter, control), pair) in out
+            .gp_counters
+            .iter_mut()
+            .zip(out.event_selects.iter_mut())
+            .zip(pairs)
+        {
+            *counter = pair.counter;
+            *control = pair.control;
+        }
         out.event_selects_hw = event_selects_hw;
-        out.fixed_counters = fixed_counters;
         out.fixed_ctrl = ctxt.fixed_ctrl;
         out.fixed_ctrl_hw = fixed_ctrl_hw;
         out.global_ctrl = global_ctrl;
         out.global_status = ctxt.global_status & !acknowledged;
         out.ds_area = ds_area;
-        out.in_use = CounterSet(in_use);
+        // In use: a non-zero value or control (`IntelContext::recompute_in_use`).
+        let fixed_ctrl_live =
+            u64::from(restrict::nibble_mask(ctxt.fixed_ctrl)) & ((1 << FIXED_SLOTS) - 1);
+        out.in_use = CounterSet(gp_live | (fixed_live | fixed_ctrl_live) << CounterSet::FIXED_BASE);
         #[cfg(debug_assertions)]
         {
             let mut check = out.clone();

@@ -49,7 +49,7 @@ pub(crate) fn fixed_ctrl(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_
 
 /// Bit `i` set for each non-zero nibble `i` of a FIXED_CTR_CTRL value. Branch-free: a flush
 /// computes it for every unedited page.
-fn nibble_mask(value: u64) -> u32 {
+pub(crate) fn nibble_mask(value: u64) -> u32 {
     // Bit 4i of `any` is set when nibble i has any bit set; then gather those bits.
     let mut any = (value | value >> 1 | value >> 2 | value >> 3) & 0x1111_1111_1111_1111;
     any = (any | any >> 3) & 0x0303_0303_0303_0303;

@@ -5,7 +5,7 @@
 
 use vpmu_abi::ops::{CoverageParams, Op, OpError, Params, is_valid_features, is_valid_mode};
 use vpmu_abi::writer::{
-    clear_cached, copy_vendor_used, guest_lvtpc_masked, init_page, set_tsc_khz,
+    clear_cached, copy_vendor_words, guest_lvtpc_masked, init_page, set_tsc_khz,
 };
 use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 
@@ -381,59 +381,56 @@ impl<B: PmuBackend> Vpmu<B> {
         }
         // The one read of the guest's vendor area: only what the backend's layout addresses,
         // into this pCPU's copy, which is all that is verified and loaded from here on.
-        let layout = self.backend.page_layout();
+        let words = pcpu.page_copy_words;
         let copy = &mut pcpu.page_copy;
         let lvtpc = platform
             .with_page(page.slot, |page| {
-                copy_vendor_used(page, &layout, copy);
+                copy_vendor_words(page, words, copy);
                 page.lapic_lvtpc
             })
             .ok_or(OpError::NoVpmu)?;
         let guest = self.guest_policy(policy, platform, vcpu.id.domain);
+        let saved = match from {
+            // The sampled pCPU's context as saved at the sample (kept with the sample: that
+            // pCPU's state is not ours to read).
+            SampleSource::System { .. } => vcpu.sampled.as_ref().ok_or(OpError::InvalidArgument)?,
+            SampleSource::Own { .. } => &vcpu.ctx,
+        };
+        // Verified straight into the context that is loaded and kept: nothing else is built.
         let area = &pcpu.page_copy;
-        let here = pcpu.index;
+        let verify = |out: &mut B::Context| {
+            self.backend
+                .context_from_page_into(area, saved, &guest, out)
+        };
         match from {
-            SampleSource::System { pcpu: p } if p == here => {
-                // The sampled pCPU's context as saved at the sample (kept with the sample: an
-                // instance may have taken writes since) is what the page is judged against.
-                let Some(saved) = vcpu.sampled.as_ref() else {
-                    return Err(OpError::InvalidArgument);
+            SampleSource::System { pcpu: p } if p == pcpu.index => {
+                let cached = match pcpu.system {
+                    SystemContext::Cached { profiler, .. } => Some(profiler),
+                    _ => None,
                 };
-                // Verified into the cached instance itself, which is then loaded where it is.
-                // A load that faults leaves the instance cached holding the page's context.
-                let verified = match &mut pcpu.system {
-                    SystemContext::Cached { ctx, .. } => self
-                        .backend
-                        .context_from_page_into(area, saved, &guest, ctx),
-                    _ => {
-                        let mut ctx = self.backend.new_context();
-                        self.backend
-                            .context_from_page_into(area, saved, &guest, &mut ctx)
+                // Built inside the instance it becomes, which then moves into place whole
+                // (a context moved into a new `Loaded` is copied twice).
+                let mut instance = SystemContext::Loaded {
+                    ctx: self.backend.new_context(),
+                    profiler: cached.unwrap_or(vcpu.id),
+                };
+                if let SystemContext::Loaded { ctx, .. } = &mut instance {
+                    let verified = verify(ctx);
+                    Self::accepted(platform, vcpu.id, verified)?;
+                    if cached.is_none() {
+                        return Err(OpError::InvalidArgument);
                     }
-                };
-                Self::accepted(platform, vcpu.id, verified)?;
-                let SystemContext::Cached { ctx, .. } = &pcpu.system else {
-                    return Err(OpError::InvalidArgument);
-                };
-                Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)
-                    .map_err(|_| OpError::InvalidContext)?;
-                if let SystemContext::Cached { ctx, profiler } =
-                    core::mem::replace(&mut pcpu.system, SystemContext::Absent)
-                {
-                    pcpu.system = SystemContext::Loaded { ctx, profiler };
+                    Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)
+                        .map_err(|_| OpError::InvalidContext)?;
                 }
+                pcpu.system = instance;
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 self.unmask_physical_lvtpc(platform, pcpu);
             }
             SampleSource::System { pcpu: p } => {
-                let Some(saved) = vcpu.sampled.as_ref() else {
-                    return Err(OpError::InvalidArgument);
-                };
                 let mut context = self.backend.new_context();
-                let verified =
-                    self.backend
-                        .context_from_page_into(area, saved, &guest, &mut context);
+                let verified = verify(&mut context);
                 Self::accepted(platform, vcpu.id, verified)?;
                 vcpu.handover = Some((p, context));
                 vcpu.state = VcpuState::Saved;
@@ -441,11 +438,8 @@ impl<B: PmuBackend> Vpmu<B> {
                 platform.send_request(p, CrossCpuRequest::ResumeSystem { profiler: vcpu.id });
             }
             SampleSource::Own { pcpu: p } => {
-                // The saved context is the one the page is judged against: verified apart.
                 let mut context = self.backend.new_context();
-                let verified =
-                    self.backend
-                        .context_from_page_into(area, &vcpu.ctx, &guest, &mut context);
+                let verified = verify(&mut context);
                 Self::accepted(platform, vcpu.id, verified)?;
                 vcpu.ctx = context;
                 vcpu.state = VcpuState::Saved;

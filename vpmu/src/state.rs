@@ -243,10 +243,12 @@ pub struct PcpuPmu<C, H> {
     /// from flush to flush so that a flush copies only the words the backend's layout uses
     /// (the rest are never written and stay 0) instead of moving the whole area on the stack.
     pub(crate) page_copy: VendorArea,
+    /// How many words of the vendor area the backend's layout uses (its `used_words`).
+    pub(crate) page_copy_words: usize,
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
-    pub(crate) fn new(index: u32, hw: H, seen: PolicySnapshot) -> Self {
+    pub(crate) fn new(index: u32, hw: H, seen: PolicySnapshot, page_copy_words: usize) -> Self {
         Self {
             index,
             hw,
@@ -256,6 +258,7 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
             lvtpc_masked_for: None,
             seen,
             page_copy: VendorArea::default(),
+            page_copy_words,
         }
     }
 
