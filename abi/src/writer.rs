@@ -126,12 +126,22 @@ pub fn copy_vendor_area(page: &Page) -> VendorArea {
 /// [`VendorLayout::used_words`]) out of a page the guest can write, into `into`, for
 /// verification, as [`copy_vendor_area`] does for the whole area: the copy is what the
 /// hypervisor checks and loads. The rest of `into` is left as it was; nothing addressed
-/// through the layout lies there. A hot path that keeps its `into` from call to call copies a
-/// few hundred bytes instead of moving the whole area.
+/// through the layout lies there. A hot path that keeps its `into` from call to call (and
+/// wipes it with [`clear_vendor_words`]) copies a few hundred bytes instead of moving the
+/// whole area.
 pub fn copy_vendor_words(page: &Page, words: usize, into: &mut VendorArea) {
     let used = words.min(into.words.len());
     if let (Some(to), Some(from)) = (into.words.get_mut(..used), page.vendor.words.get(..used)) {
         to.copy_from_slice(from);
+    }
+}
+
+/// Zeroes the first `words` words of a copy made by [`copy_vendor_words`], once it has been
+/// verified: a copy kept from call to call then holds no guest data between calls.
+pub fn clear_vendor_words(copy: &mut VendorArea, words: usize) {
+    let used = words.min(copy.words.len());
+    if let Some(words) = copy.words.get_mut(..used) {
+        words.fill(0);
     }
 }
 
@@ -260,6 +270,9 @@ mod tests {
             let used = layout.used_words();
             assert_eq!(copy.words[..used], page.vendor.words[..used]);
             assert!(copy.words[used..].iter().all(|&w| w == 0));
+            let mut wiped = copy.clone();
+            clear_vendor_words(&mut wiped, used);
+            assert_eq!(wiped, VendorArea::default());
             match layout {
                 VendorLayout::Intel(banks) => {
                     let fixed = banks.fixed_bank(&copy).unwrap();

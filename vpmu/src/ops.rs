@@ -5,7 +5,7 @@
 
 use vpmu_abi::ops::{CoverageParams, Op, OpError, Params, is_valid_features, is_valid_mode};
 use vpmu_abi::writer::{
-    clear_cached, copy_vendor_words, guest_lvtpc_masked, init_page, set_tsc_khz,
+    clear_cached, clear_vendor_words, copy_vendor_words, guest_lvtpc_masked, init_page, set_tsc_khz,
 };
 use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 
@@ -380,7 +380,7 @@ impl<B: PmuBackend> Vpmu<B> {
             }
         }
         // The one read of the guest's vendor area: only what the backend's layout addresses,
-        // into this pCPU's copy, which is all that is verified and loaded from here on.
+        // into this pCPU's copy, which is all that is verified from here on.
         let words = pcpu.page_copy_words;
         let copy = &mut pcpu.page_copy;
         let lvtpc = platform
@@ -390,36 +390,40 @@ impl<B: PmuBackend> Vpmu<B> {
             })
             .ok_or(OpError::NoVpmu)?;
         let guest = self.guest_policy(policy, platform, vcpu.id.domain);
+        let cached = match pcpu.system {
+            SystemContext::Cached { profiler, .. } => Some(profiler),
+            _ => None,
+        };
+        // Verified straight into the context that is loaded and kept, built inside the
+        // `Loaded` instance the sampled pCPU's own flush makes of it (which then moves into
+        // place whole: a context moved into a new enum value is copied twice).
+        let mut instance = SystemContext::Loaded {
+            ctx: self.backend.new_context(),
+            profiler: cached.unwrap_or(vcpu.id),
+        };
         let saved = match from {
             // The sampled pCPU's context as saved at the sample (kept with the sample: that
             // pCPU's state is not ours to read).
-            SampleSource::System { .. } => vcpu.sampled.as_ref().ok_or(OpError::InvalidArgument)?,
-            SampleSource::Own { .. } => &vcpu.ctx,
+            SampleSource::System { .. } => vcpu.sampled.as_ref(),
+            SampleSource::Own { .. } => Some(&vcpu.ctx),
         };
-        // Verified straight into the context that is loaded and kept: nothing else is built.
-        let area = &pcpu.page_copy;
-        let verify = |out: &mut B::Context| {
-            self.backend
-                .context_from_page_into(area, saved, &guest, out)
+        let verified = match (saved, &mut instance) {
+            (Some(saved), SystemContext::Loaded { ctx, .. }) => Some(
+                self.backend
+                    .context_from_page_into(&pcpu.page_copy, saved, &guest, ctx),
+            ),
+            _ => None,
         };
+        // No guest data outlives the flush, and a refused one leaves the pCPU as it was.
+        clear_vendor_words(&mut pcpu.page_copy, words);
+        let verified = verified.ok_or(OpError::InvalidArgument)?;
+        Self::accepted(platform, vcpu.id, verified)?;
         match from {
             SampleSource::System { pcpu: p } if p == pcpu.index => {
-                let cached = match pcpu.system {
-                    SystemContext::Cached { profiler, .. } => Some(profiler),
-                    _ => None,
-                };
-                // Built inside the instance it becomes, which then moves into place whole
-                // (a context moved into a new `Loaded` is copied twice).
-                let mut instance = SystemContext::Loaded {
-                    ctx: self.backend.new_context(),
-                    profiler: cached.unwrap_or(vcpu.id),
-                };
-                if let SystemContext::Loaded { ctx, .. } = &mut instance {
-                    let verified = verify(ctx);
-                    Self::accepted(platform, vcpu.id, verified)?;
-                    if cached.is_none() {
-                        return Err(OpError::InvalidArgument);
-                    }
+                if cached.is_none() {
+                    return Err(OpError::InvalidArgument);
+                }
+                if let SystemContext::Loaded { ctx, .. } = &instance {
                     Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)
                         .map_err(|_| OpError::InvalidContext)?;
                 }
@@ -429,19 +433,19 @@ impl<B: PmuBackend> Vpmu<B> {
                 self.unmask_physical_lvtpc(platform, pcpu);
             }
             SampleSource::System { pcpu: p } => {
-                let mut context = self.backend.new_context();
-                let verified = verify(&mut context);
-                Self::accepted(platform, vcpu.id, verified)?;
-                vcpu.handover = Some((p, context));
+                let SystemContext::Loaded { ctx, .. } = instance else {
+                    return Err(OpError::InvalidArgument);
+                };
+                vcpu.handover = Some((p, ctx));
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 platform.send_request(p, CrossCpuRequest::ResumeSystem { profiler: vcpu.id });
             }
             SampleSource::Own { pcpu: p } => {
-                let mut context = self.backend.new_context();
-                let verified = verify(&mut context);
-                Self::accepted(platform, vcpu.id, verified)?;
-                vcpu.ctx = context;
+                let SystemContext::Loaded { ctx, .. } = instance else {
+                    return Err(OpError::InvalidArgument);
+                };
+                vcpu.ctx = ctx;
                 vcpu.state = VcpuState::Saved;
                 if p == pcpu.index && pcpu.lvtpc_masked_for == Some(vcpu.id) {
                     self.unmask_physical_lvtpc(platform, pcpu);

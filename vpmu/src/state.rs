@@ -239,9 +239,10 @@ pub struct PcpuPmu<C, H> {
     pub(crate) lvtpc_masked_for: Option<VcpuId>,
     /// The policy this pCPU's state was last brought in line with.
     pub(crate) seen: PolicySnapshot,
-    /// The copy of a guest's vendor area that a flush on this pCPU verifies and loads. Kept
-    /// from flush to flush so that a flush copies only the words the backend's layout uses
-    /// (the rest are never written and stay 0) instead of moving the whole area on the stack.
+    /// A flush's copy of the guest's vendor area: the words the backend's layout uses, copied
+    /// once, verified, and wiped before the flush goes on (no guest data outlives it, and a
+    /// refused flush leaves this pCPU as it was). Kept here rather than on the stack, where it
+    /// would be zeroed whole (1 KiB) for every flush.
     pub(crate) page_copy: VendorArea,
     /// How many words of the vendor area the backend's layout uses (its `used_words`).
     pub(crate) page_copy_words: usize,
