@@ -518,12 +518,13 @@ impl PmuBackend for AmdPmu {
         ctx.to_page(&self.caps, &self.page_banks, area);
     }
 
-    fn context_from_page(
+    fn context_from_page_into(
         &self,
         area: &VendorArea,
         saved: &AmdContext,
         guest_policy: &GuestPolicy<'_>,
-    ) -> Result<AmdContext, ContextError> {
-        AmdContext::from_page(&self.caps, &self.page_banks, area, saved, guest_policy)
+        out: &mut AmdContext,
+    ) -> Result<(), ContextError> {
+        AmdContext::from_page_into(&self.caps, &self.page_banks, area, saved, guest_policy, out)
     }
 }

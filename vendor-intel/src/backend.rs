@@ -160,12 +160,13 @@ impl PmuBackend for IntelPmu {
         self.restrict_context(ctx, policy)
     }
 
-    fn context_from_page(
+    fn context_from_page_into(
         &self,
         area: &VendorArea,
         saved: &IntelContext,
         policy: &GuestPolicy<'_>,
-    ) -> Result<IntelContext, ContextError> {
-        self.read_page(area, saved, policy)
+        out: &mut IntelContext,
+    ) -> Result<(), ContextError> {
+        self.read_page_into(area, saved, policy, out)
     }
 }

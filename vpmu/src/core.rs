@@ -234,7 +234,8 @@ impl<B: PmuBackend> Vpmu<B> {
         let _control = self.control.lock();
         let policy = self.policy();
         self.online.fetch_add(1, Ordering::AcqRel);
-        let mut pcpu = PcpuPmu::new(index, hw, policy);
+        let words = self.backend.page_layout().used_words();
+        let mut pcpu = PcpuPmu::new(index, hw, policy, words);
         // `init_hardware` leaves every control 0 (its contract); nothing else is known.
         pcpu.record.controls_cleared();
         Ok(pcpu)

@@ -1,6 +1,8 @@
 //! Per-vCPU and per-pCPU state objects, embedded by the integrator in its own vCPU and CPU
 //! structures (the core allocates nothing).
 
+use vpmu_abi::VendorArea;
+
 use crate::backend::Overflow;
 use crate::bank::HwRecord;
 use crate::core::{Mode, PolicySnapshot};
@@ -262,10 +264,17 @@ pub struct PcpuPmu<C, H> {
     pub(crate) lvtpc_masked_for: Option<VcpuId>,
     /// The policy this pCPU's state was last brought in line with.
     pub(crate) seen: PolicySnapshot,
+    /// A flush's copy of the guest's vendor area: the words the backend's layout uses, copied
+    /// once, verified, and wiped before the flush goes on (no guest data outlives it, and a
+    /// refused flush leaves this pCPU as it was). Kept here rather than on the stack, where it
+    /// would be zeroed whole (1 KiB) for every flush.
+    pub(crate) page_copy: VendorArea,
+    /// How many words of the vendor area the backend's layout uses (its `used_words`).
+    pub(crate) page_copy_words: usize,
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
-    pub(crate) fn new(index: u32, hw: H, seen: PolicySnapshot) -> Self {
+    pub(crate) fn new(index: u32, hw: H, seen: PolicySnapshot, page_copy_words: usize) -> Self {
         Self {
             index,
             hw,
@@ -274,6 +283,8 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
             system: SystemContext::Absent,
             lvtpc_masked_for: None,
             seen,
+            page_copy: VendorArea::default(),
+            page_copy_words,
         }
     }
 
