@@ -115,6 +115,7 @@ impl PmuBackend for IntelPmu {
         self.emulate_write(ctx, hw, policy, register, value)
     }
 
+    #[inline]
     fn save<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -124,6 +125,7 @@ impl PmuBackend for IntelPmu {
         self.save_context(ctx, hw, record)
     }
 
+    #[inline]
     fn load<B: MsrBus>(
         &self,
         ctx: &IntelContext,

@@ -282,8 +282,9 @@ pub fn save<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     result
 }
 
-/// [`SaveControls::Keep`]: one pass per bank reads the counters and records them with the
-/// controls left programmed; the record's masks are updated once per bank.
+/// [`SaveControls::Keep`]: per bank, one pass reads the counters (the only loop with bus
+/// calls in it) and one records the controls left programmed; the record's masks are updated
+/// once per bank.
 fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
     ctx: &mut C,
@@ -296,37 +297,43 @@ fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
         if own == 0 {
             continue;
         }
+        let first = map.first_bit;
         let (values, images) = ctx.saved_mut(bank);
-        let per_counter = matches!(map.controls, Controls::PerCounter(_));
         let mut known = 0u64;
-        let mut zero = 0u64;
         let mut bits = own;
         while bits != 0 {
             let index = bits.trailing_zeros();
             bits &= bits - 1;
             let value = map.read_counter(hw, index)?;
-            let position = (map.first_bit + index) & 63;
             if let Some(slot) = values.get_mut(index as usize) {
                 *slot = value;
+                let position = (first + index) & 63;
                 record.values[position as usize] = value;
                 known |= 1 << position;
             }
-            if per_counter {
-                let image = images.get(index as usize).map_or(0, |&c| c);
-                record.controls[position as usize] = image;
-                zero |= u64::from(image == 0) << position;
-            }
         }
         record.values_known |= known;
-        let recorded = if per_counter {
-            map.set(own).0
-        } else {
-            // The shared control, at the bank's first position.
-            let image = images.first().map_or(0, |&c| c);
-            let position = map.first_bit & 63;
-            record.controls[position as usize] = image;
-            zero = u64::from(image == 0) << position;
-            1 << position
+        let (recorded, zero) = match map.controls {
+            Controls::PerCounter(_) => {
+                let mut zero = 0u64;
+                let mut bits = own;
+                while bits != 0 {
+                    let index = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    let image = images.get(index as usize).map_or(0, |&c| c);
+                    let position = (first + index) & 63;
+                    record.controls[position as usize] = image;
+                    zero |= u64::from(image == 0) << position;
+                }
+                (map.set(own).0, zero)
+            }
+            Controls::Shared(_) => {
+                // The shared control, at the bank's first position.
+                let image = images.first().map_or(0, |&c| c);
+                let position = first & 63;
+                record.controls[position as usize] = image;
+                (1 << position, u64::from(image == 0) << position)
+            }
         };
         record.controls_known |= recorded;
         record.controls_zero = record.controls_zero & !recorded | zero;
@@ -365,47 +372,68 @@ fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     hw: &mut B,
     record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
+    // Each pass first compares the context with the record, without a bus call in the loop
+    // (a switch back to the same pCPU usually finds nothing to write), then writes what
+    // differs, lowest index first.
     for (bank, map) in banks.iter().enumerate() {
         let own = map.indices(set).0;
         if own == 0 {
             continue;
         }
+        let first = map.first_bit;
         let values = ctx.values(bank);
+        let known = map.indices(CounterSet(record.values_known)).0;
+        let mut write = 0u32;
         let mut bits = own;
         while bits != 0 {
             let index = bits.trailing_zeros();
             bits &= bits - 1;
             if let Some(&value) = values.get(index as usize) {
-                if !record.knows_value(map.first_bit + index, value) {
-                    map.write_counter(hw, index, value)?;
-                }
+                let held = record.values[((first + index) & 63) as usize] == value;
+                write |= u32::from(known >> index & 1 == 0 || !held) << index;
+            }
+        }
+        while write != 0 {
+            let index = write.trailing_zeros();
+            write &= write - 1;
+            if let Some(&value) = values.get(index as usize) {
+                map.write_counter(hw, index, value)?;
             }
         }
         record.values_known &= !map.set(own).0;
     }
     for (bank, map) in banks.iter().enumerate() {
         let own = map.indices(set).0;
+        let first = map.first_bit;
         match map.controls {
             Controls::PerCounter(series) => {
+                // A control another context left on a counter this one does not use is
+                // written 0 unless known 0 already.
                 let stale = map.indices(present).0 & !map.indices(record.zero_controls()).0;
-                let mut bits = own | stale;
-                if bits == 0 {
+                let mut write = stale & !own;
+                if own | write == 0 {
                     continue;
                 }
                 let images = ctx.hardware_controls(bank);
+                let known = map.indices(CounterSet(record.controls_known)).0;
+                let mut bits = own;
                 while bits != 0 {
                     let index = bits.trailing_zeros();
                     bits &= bits - 1;
+                    let image = images.get(index as usize).map_or(0, |&c| c);
+                    let held = record.controls[((first + index) & 63) as usize] == image;
+                    write |= u32::from(known >> index & 1 == 0 || !held) << index;
+                }
+                while write != 0 {
+                    let index = write.trailing_zeros();
+                    write &= write - 1;
                     let target = if own >> index & 1 != 0 {
                         images.get(index as usize).map_or(0, |&c| c)
                     } else {
                         0
                     };
-                    let bit = map.first_bit + index;
-                    if !record.knows_control(bit, target) {
-                        hw.write(series.at(index), target)?;
-                        record.set_control(bit, Some(target));
-                    }
+                    hw.write(series.at(index), target)?;
+                    record.set_control(first + index, Some(target));
                 }
             }
             Controls::Shared(msr) => {
@@ -414,9 +442,9 @@ fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
                 } else {
                     0
                 };
-                if !record.knows_control(map.first_bit, target) {
+                if !record.knows_control(first, target) {
                     hw.write(msr, target)?;
-                    record.set_control(map.first_bit, Some(target));
+                    record.set_control(first, Some(target));
                 }
             }
         }
