@@ -299,7 +299,8 @@ fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
         }
         let first = map.first_bit;
         let (values, images) = ctx.saved_mut(bank);
-        let mut known = 0u64;
+        // Every counter of `own` is read; the ones with a slot in the context are recorded.
+        let saved = own & slots(values.len());
         let mut bits = own;
         while bits != 0 {
             let index = bits.trailing_zeros();
@@ -307,25 +308,22 @@ fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
             let value = map.read_counter(hw, index)?;
             if let Some(slot) = values.get_mut(index as usize) {
                 *slot = value;
-                let position = (first + index) & 63;
-                record.values[position as usize] = value;
-                known |= 1 << position;
+                record.values[((first + index) & 63) as usize] = value;
             }
         }
-        record.values_known |= known;
+        record.values_known |= map.set(saved).0;
         let (recorded, zero) = match map.controls {
             Controls::PerCounter(_) => {
-                let mut zero = 0u64;
+                let mut zero = 0u32;
                 let mut bits = own;
                 while bits != 0 {
                     let index = bits.trailing_zeros();
                     bits &= bits - 1;
                     let image = images.get(index as usize).map_or(0, |&c| c);
-                    let position = (first + index) & 63;
-                    record.controls[position as usize] = image;
-                    zero |= u64::from(image == 0) << position;
+                    record.controls[((first + index) & 63) as usize] = image;
+                    zero |= u32::from(image == 0) << index;
                 }
-                (map.set(own).0, zero)
+                (map.set(own).0, map.set(zero).0)
             }
             Controls::Shared(_) => {
                 // The shared control, at the bank's first position.

@@ -175,6 +175,7 @@ impl<B: PmuBackend> Vpmu<B> {
 
     /// `load_if_active` for a saved vCPU that runs on `pcpu`, already settled with `policy`
     /// (settling never leaves a saved context in another state).
+    #[inline]
     fn load_settled<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
