@@ -72,7 +72,10 @@ impl<C> VcpuTable<C> for SimVcpus<C> {
     where
         F: FnOnce(&mut VcpuPmu<C>) -> R,
     {
-        let cell = self.domains.get(id.domain as usize)?.get(id.vcpu as usize)?;
+        let cell = self
+            .domains
+            .get(id.domain as usize)?
+            .get(id.vcpu as usize)?;
         Some(visit(
             &mut cell
                 .try_borrow_mut()

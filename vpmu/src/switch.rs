@@ -183,9 +183,7 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) -> Result<(), CoreError> {
-        if !self.available
-            || !policy.mode.switches_contexts()
-            || !self.backend.is_active(&vcpu.ctx)
+        if !self.available || !policy.mode.switches_contexts() || !self.backend.is_active(&vcpu.ctx)
         {
             return Ok(());
         }
