@@ -155,6 +155,7 @@ pub enum SaveControls {
 
 /// Saves the counters of `set` from the hardware into `ctx`, recording in `record` the values
 /// read and the controls left on the hardware. A fault leaves `record` knowing nothing.
+#[inline]
 pub fn save<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
     ctx: &mut C,
@@ -177,6 +178,7 @@ pub fn save<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
 /// [`SaveControls::Keep`]: per bank, one pass reads the counters (the only loop with bus
 /// calls in it) and one records the controls left programmed; the record's masks are updated
 /// once per bank.
+#[inline]
 fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
     ctx: &mut C,
@@ -208,12 +210,27 @@ fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
             Controls::PerCounter(_) => {
                 let mut zero = 0u32;
                 let mut bits = own;
-                while bits != 0 {
-                    let index = bits.trailing_zeros();
-                    bits &= bits - 1;
-                    let image = images.get(index as usize).map_or(0, |&c| c);
-                    record.controls[((first + index) & 63) as usize] = image;
-                    zero |= u32::from(image == 0) << index;
+                match record.controls.get_mut(first as usize..) {
+                    Some(window) if window.len() >= 32 => {
+                        while bits != 0 {
+                            let index = bits.trailing_zeros();
+                            bits &= bits - 1;
+                            let image = images.get(index as usize).map_or(0, |&c| c);
+                            if let Some(slot) = window.get_mut((index & 31) as usize) {
+                                *slot = image;
+                            }
+                            zero |= u32::from(image == 0) << index;
+                        }
+                    }
+                    _ => {
+                        while bits != 0 {
+                            let index = bits.trailing_zeros();
+                            bits &= bits - 1;
+                            let image = images.get(index as usize).map_or(0, |&c| c);
+                            record.controls[((first + index) & 63) as usize] = image;
+                            zero |= u32::from(image == 0) << index;
+                        }
+                    }
                 }
                 (map.set(own).0, map.set(zero).0)
             }

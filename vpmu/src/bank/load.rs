@@ -12,6 +12,7 @@ use crate::msr::{MsrBus, MsrFault};
 /// enables that counter globally). Afterwards the values of `set` are unknown (they move)
 /// and the controls known. The vendor writes its global control last. A fault leaves
 /// `record` knowing nothing.
+#[inline]
 pub fn load<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
     ctx: &C,
@@ -27,6 +28,7 @@ pub fn load<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     result
 }
 
+#[inline]
 fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
     ctx: &C,
