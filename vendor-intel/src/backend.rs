@@ -87,6 +87,7 @@ impl PmuBackend for IntelPmu {
         self.clean_hardware(hw)
     }
 
+    #[inline]
     fn is_active(&self, ctx: &IntelContext) -> bool {
         ctx.counts_anything() || ctx.ds_area != 0
     }

@@ -196,13 +196,30 @@ fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
         // Every counter of `own` is read; the ones with a slot in the context are recorded.
         let saved = own & slots(values.len());
         let mut bits = own;
-        while bits != 0 {
-            let index = bits.trailing_zeros();
-            bits &= bits - 1;
-            let value = map.read_counter(hw, index)?;
-            if let Some(slot) = values.get_mut(index as usize) {
-                *slot = value;
-                record.values[((first + index) & 63) as usize] = value;
+        match record.values.get_mut(first as usize..) {
+            Some(window) if window.len() >= 32 => {
+                while bits != 0 {
+                    let index = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    let value = map.read_counter(hw, index)?;
+                    if let Some(slot) = values.get_mut(index as usize) {
+                        *slot = value;
+                        if let Some(recorded) = window.get_mut((index & 31) as usize) {
+                            *recorded = value;
+                        }
+                    }
+                }
+            }
+            _ => {
+                while bits != 0 {
+                    let index = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    let value = map.read_counter(hw, index)?;
+                    if let Some(slot) = values.get_mut(index as usize) {
+                        *slot = value;
+                        record.values[((first + index) & 63) as usize] = value;
+                    }
+                }
             }
         }
         record.values_known |= map.set(saved).0;
