@@ -169,6 +169,10 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) -> Result<(), CoreError> {
+        // Only a mode that switches contexts loads one here; the callers settle otherwise.
+        if !self.available || !policy.mode.switches_contexts() {
+            return Ok(());
+        }
         self.settle(platform, policy, vcpu);
         self.load_settled(platform, policy, pcpu, vcpu)
     }
