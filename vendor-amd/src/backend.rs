@@ -241,7 +241,6 @@ impl PmuBackend for AmdPmu {
 
     /// True while a counter is in use: one is programmed to count, or one was stopped while
     /// loaded and its value is still only on the hardware (the next `save` fetches it).
-    #[inline]
     fn is_active(&self, ctx: &AmdContext) -> bool {
         !ctx.in_use.is_empty()
     }

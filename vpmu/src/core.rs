@@ -71,32 +71,29 @@ pub struct PolicySnapshot {
 }
 
 impl PolicySnapshot {
-    // The word: epoch in bits 63:16, features in 15:8, the mode in 1:0 (an index of this
-    // crate's, not the ABI value, so that every hot entry point's unpack is a mask).
-    fn pack(self) -> u64 {
-        let mode = match self.mode {
-            Mode::Off => 0,
-            Mode::SelfProfiling => 1,
-            Mode::Hypervisor => 2,
-            Mode::All => 3,
-        };
-        self.epoch << 16 | (self.features & 0xff) << 8 | mode
+    // The word: epoch in bits 63:16, features in 15:8, the ABI mode value in 7:0.
+    pub(crate) fn pack(self) -> u64 {
+        self.epoch << 16 | (self.features & 0xff) << 8 | self.mode.to_abi()
     }
 
-    #[inline]
-    fn unpack(word: u64) -> Self {
+    pub(crate) fn unpack(word: u64) -> Self {
         PolicySnapshot {
-            mode: match word & 3 {
-                0 => Mode::Off,
-                1 => Mode::SelfProfiling,
-                2 => Mode::Hypervisor,
-                _ => Mode::All,
-            },
+            mode: MODE_OF_ABI[(word & 7) as usize],
             features: (word >> 8) & 0xff,
             epoch: word >> 16,
         }
     }
 }
+
+/// `Mode::from_abi` for the values `pack` stores, as one table load (every hot entry point
+/// unpacks the policy): the ABI's modes are 0, 1, 2 and 4.
+const MODE_OF_ABI: [Mode; 8] = {
+    let mut table = [Mode::Off; 8];
+    table[XENPMU_MODE_SELF as usize] = Mode::SelfProfiling;
+    table[XENPMU_MODE_HV as usize] = Mode::Hypervisor;
+    table[XENPMU_MODE_ALL as usize] = Mode::All;
+    table
+};
 
 // Every feature bit fits the packed word.
 const _: () = assert!(vpmu_abi::XENPMU_FEATURE_MASK <= 0xff);
