@@ -99,6 +99,7 @@ impl AmdPmu {
     /// disarmed. `values` says where that value is read. The controls now stand for the
     /// controls at the overflow: a control write that sets INT retires the overflows found
     /// before it ([`AmdPmu::retire_silent_overflow`]).
+    #[inline]
     fn collect_overflows<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
@@ -408,6 +409,7 @@ impl PmuBackend for AmdPmu {
     /// the wrap is reported once, here or at a PMI). Returns every overflow found, as a PMI
     /// would: one already in the virtual status (the guest has not acknowledged it yet) that
     /// happened again raised a PMI again. Nothing in use: no access at all.
+    #[inline]
     fn save<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
@@ -439,6 +441,7 @@ impl PmuBackend for AmdPmu {
     /// use are cleared. The virtual status stays in the context (guest reads combine it with
     /// the hardware's), so a counter that overflows again while its bit is pending still
     /// shows up as a new hardware status bit.
+    #[inline]
     fn load<B: MsrBus>(
         &self,
         ctx: &AmdContext,

@@ -88,6 +88,7 @@ impl PmuBackend for IntelPmu {
         self.clean_hardware(hw)
     }
 
+    #[inline]
     fn is_active(&self, ctx: &IntelContext) -> bool {
         ctx.counts_anything() || ctx.ds_area != 0
     }
@@ -118,6 +119,7 @@ impl PmuBackend for IntelPmu {
         self.emulate_write(ctx, hw, policy, register, value)
     }
 
+    #[inline]
     fn save<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -127,6 +129,7 @@ impl PmuBackend for IntelPmu {
         self.save_context(ctx, hw, record)
     }
 
+    #[inline]
     fn load<B: MsrBus>(
         &self,
         ctx: &IntelContext,

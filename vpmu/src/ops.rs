@@ -120,13 +120,9 @@ impl<B: PmuBackend> Vpmu<B> {
             }
             // Returned above.
             Op::Coverage => return Err(OpError::NotSupported),
-            Op::Flush => {
-                let mut result = Err(OpError::InvalidArgument);
-                vcpus.with_vcpu(caller, &mut |vcpu| {
-                    result = self.flush(platform, pcpu, vcpu);
-                });
-                result?;
-            }
+            Op::Flush => vcpus
+                .visit(caller, |vcpu| self.flush(platform, pcpu, vcpu))
+                .unwrap_or(Err(OpError::InvalidArgument))?,
         }
         Ok(out)
     }
