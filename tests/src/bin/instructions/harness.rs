@@ -328,6 +328,13 @@ impl<C, T: VcpuTable<C>> VcpuTable<C> for ExcludedTable<'_, T> {
         platform_call(|| self.0.with_vcpu(id, &mut |v| core_callback(|| visit(v))))
     }
 
+    fn visit<R, F>(&self, id: VcpuId, visit: F) -> Option<R>
+    where
+        F: FnOnce(&mut VcpuPmu<C>) -> R,
+    {
+        platform_call(|| self.0.visit(id, |v| core_callback(|| visit(v))))
+    }
+
     fn for_each_in_domain(&self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
         platform_call(|| {
             self.0
