@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The core's hot paths in instructions (deterministic, callgrind): installs valgrind if it is
 # missing, builds the scenario binary in release mode and prints the Markdown table that the
-# README quotes (tests/src/bin/instructions.rs says what each row measures).
+# README quotes (tests/src/bin/instructions/main.rs says what each row measures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

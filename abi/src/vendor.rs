@@ -183,6 +183,25 @@ impl VendorArea {
             })
     }
 
+    /// `count` consecutive words from `byte_offset` (a multiple of 8: every validated bank
+    /// starts at one), bounds-checked once for the whole bank.
+    fn bank_words(
+        &self,
+        bank: &'static str,
+        byte_offset: usize,
+        count: usize,
+    ) -> Result<&[u64], AbiError> {
+        let start = byte_offset / WORD;
+        start
+            .checked_add(count)
+            .and_then(|end| self.words.get(start..end))
+            .ok_or(AbiError::BankOutOfBounds {
+                bank,
+                offset: byte_offset,
+                count,
+            })
+    }
+
     /// The Intel fixed part at the start of the area (a copy).
     pub fn intel_ctxt(&self) -> IntelCtxt {
         let (ctxt, _) = IntelCtxt::read_from_prefix(self.as_bytes())
@@ -258,6 +277,35 @@ impl IntelBanks {
     /// Number of GP counter/control pairs.
     pub fn arch_count(&self) -> u32 {
         self.arch_count as u32
+    }
+
+    /// Byte offset just past the fixed part and both banks: the part of the vendor area this
+    /// layout uses.
+    pub fn end(&self) -> usize {
+        let fixed_end = self.fixed_offset + self.fixed_count * WORD;
+        let arch_end = self.arch_offset + self.arch_count * PAIR;
+        fixed_end.max(arch_end).max(XENPMU_VENDOR_CTXT_SIZE)
+    }
+
+    /// The whole fixed-counter bank (`fixed_count` words), for a reader of every entry: one
+    /// bounds check instead of one per entry.
+    pub fn fixed_bank<'a>(&self, area: &'a VendorArea) -> Result<&'a [u64], AbiError> {
+        area.bank_words("intel fixed", self.fixed_offset, self.fixed_count)
+    }
+
+    /// The whole GP bank (`arch_count` pairs), as [`IntelBanks::fixed_bank`].
+    pub fn arch_bank<'a>(&self, area: &'a VendorArea) -> Result<&'a [CounterPair], AbiError> {
+        let out_of_bounds = AbiError::BankOutOfBounds {
+            bank: "intel arch",
+            offset: self.arch_offset,
+            count: self.arch_count,
+        };
+        let words = self
+            .arch_count
+            .checked_mul(PAIR / WORD)
+            .ok_or(out_of_bounds)?;
+        let bank = area.bank_words("intel arch", self.arch_offset, words)?;
+        <[CounterPair]>::ref_from_bytes(bank.as_bytes()).map_err(|_| out_of_bounds)
     }
 
     /// Writes the offset and count words of this layout into `ctxt` (hypervisor, at init).
@@ -388,6 +436,25 @@ impl AmdBanks {
     /// Number of core counters.
     pub fn count(&self) -> u32 {
         self.count as u32
+    }
+
+    /// Byte offset just past the fixed part and both banks: the part of the vendor area this
+    /// layout uses.
+    pub fn end(&self) -> usize {
+        let counters_end = self.counters_offset + self.count * WORD;
+        let ctrls_end = self.ctrls_offset + self.count * WORD;
+        counters_end.max(ctrls_end).max(XENPMU_VENDOR_CTXT_SIZE)
+    }
+
+    /// The whole counter bank (`count` words, PERF_CTRn), for a reader of every entry: one
+    /// bounds check instead of one per entry.
+    pub fn counter_bank<'a>(&self, area: &'a VendorArea) -> Result<&'a [u64], AbiError> {
+        area.bank_words("amd counters", self.counters_offset, self.count)
+    }
+
+    /// The whole control bank (`count` words, PERF_CTLn), as [`AmdBanks::counter_bank`].
+    pub fn ctrl_bank<'a>(&self, area: &'a VendorArea) -> Result<&'a [u64], AbiError> {
+        area.bank_words("amd ctrls", self.ctrls_offset, self.count)
     }
 
     /// Writes the offset and count words of this layout into `ctxt` (hypervisor, at init).

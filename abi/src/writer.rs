@@ -22,6 +22,16 @@ pub enum VendorLayout {
 }
 
 impl VendorLayout {
+    /// Words at the start of the vendor area that the layout uses (the fixed part and the
+    /// banks); the hypervisor reads nothing after them.
+    pub fn used_words(&self) -> usize {
+        let end = match self {
+            VendorLayout::Intel(banks) => banks.end(),
+            VendorLayout::Amd(banks) => banks.end(),
+        };
+        end.div_ceil(core::mem::size_of::<u64>())
+    }
+
     /// The `XENPMU_VENDOR_*` value for the header.
     pub fn vendor_id(&self) -> u32 {
         match self {
@@ -160,6 +170,29 @@ pub fn copy_vendor_area(page: &Page) -> VendorArea {
     page.vendor.clone()
 }
 
+/// Copies the first `words` words of the vendor area (a layout's
+/// [`VendorLayout::used_words`]) out of a page the guest can write, into `into`, for
+/// verification, as [`copy_vendor_area`] does for the whole area: the copy is what the
+/// hypervisor checks and loads. The rest of `into` is left as it was; nothing addressed
+/// through the layout lies there. A hot path that keeps its `into` from call to call (and
+/// wipes it with [`clear_vendor_words`]) copies a few hundred bytes instead of moving the
+/// whole area.
+pub fn copy_vendor_words(page: &Page, words: usize, into: &mut VendorArea) {
+    let used = words.min(into.words.len());
+    if let (Some(to), Some(from)) = (into.words.get_mut(..used), page.vendor.words.get(..used)) {
+        to.copy_from_slice(from);
+    }
+}
+
+/// Zeroes the first `words` words of a copy made by [`copy_vendor_words`], once it has been
+/// verified: a copy kept from call to call then holds no guest data between calls.
+pub fn clear_vendor_words(copy: &mut VendorArea, words: usize) {
+    let used = words.min(copy.words.len());
+    if let Some(words) = copy.words.get_mut(..used) {
+        words.fill(0);
+    }
+}
+
 /// Whether the guest asked for the LVTPC to be masked (the only bit it controls).
 pub fn guest_lvtpc_masked(lapic_lvtpc: u32) -> bool {
     lapic_lvtpc & XENPMU_LVTPC_MASKED != 0
@@ -261,6 +294,56 @@ mod tests {
         record_dropped_sample(&mut page);
         assert_eq!(PageView::new(&page).unwrap().dropped_samples(), 2);
         assert_eq!(page.identity, identity);
+    }
+
+    #[test]
+    fn the_used_copy_takes_the_fixed_part_and_every_bank_entry_and_nothing_after() {
+        let intel = IntelBanks::new(4, 8).unwrap();
+        let amd = AmdBanks::new(6).unwrap();
+        // 64-byte fixed part, then 4 words and 8 pairs; then 6 counters and 6 controls.
+        assert_eq!(VendorLayout::Intel(intel).used_words(), 28);
+        assert_eq!(VendorLayout::Amd(amd).used_words(), 20);
+        assert_eq!(
+            VendorLayout::Intel(IntelBanks::new(0, 0).unwrap()).used_words(),
+            8
+        );
+        for layout in [VendorLayout::Intel(intel), VendorLayout::Amd(amd)] {
+            let mut page = Page::zeroed();
+            init_page(&mut page, &layout);
+            for (i, word) in (1u64..).zip(page.vendor.words.iter_mut()) {
+                *word = i;
+            }
+            let mut copy = VendorArea::default();
+            copy_vendor_words(&page, layout.used_words(), &mut copy);
+            let used = layout.used_words();
+            assert_eq!(copy.words[..used], page.vendor.words[..used]);
+            assert!(copy.words[used..].iter().all(|&w| w == 0));
+            let mut wiped = copy.clone();
+            clear_vendor_words(&mut wiped, used);
+            assert_eq!(wiped, VendorArea::default());
+            match layout {
+                VendorLayout::Intel(banks) => {
+                    let fixed = banks.fixed_bank(&copy).unwrap();
+                    let arch = banks.arch_bank(&copy).unwrap();
+                    assert_eq!((fixed.len(), arch.len()), (4, 8));
+                    for (i, &value) in fixed.iter().enumerate() {
+                        assert_eq!(banks.fixed_counter(&copy, i), Ok(value));
+                    }
+                    for (i, &pair) in arch.iter().enumerate() {
+                        assert_eq!(banks.pair(&copy, i), Ok(pair));
+                    }
+                }
+                VendorLayout::Amd(banks) => {
+                    let counters = banks.counter_bank(&copy).unwrap();
+                    let ctrls = banks.ctrl_bank(&copy).unwrap();
+                    assert_eq!((counters.len(), ctrls.len()), (6, 6));
+                    for i in 0..6 {
+                        assert_eq!(banks.counter(&copy, i), Ok(counters[i]));
+                        assert_eq!(banks.ctrl(&copy, i), Ok(ctrls[i]));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

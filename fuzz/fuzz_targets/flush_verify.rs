@@ -18,16 +18,40 @@ fuzz_target!(|data: &[u8]| {
     if vendor % 2 == 0 {
         let (pmu, mut model) = vpmu_fuzz::intel(*shape);
         let saved = pmu.new_context();
-        if let Ok(ctx) = pmu.context_from_page(&area, &saved, &policy) {
+        if let Some(ctx) = verified_in_place(&pmu, &area, &saved, &policy) {
             pmu.load(&ctx, &mut model, &mut vpmu::HwRecord::unknown()).expect("an accepted context loads without a fault");
             vpmu_fuzz::assert_intel_clean(&model);
         }
     } else {
         let (pmu, mut model) = vpmu_fuzz::amd(*shape);
         let saved = pmu.new_context();
-        if let Ok(ctx) = pmu.context_from_page(&area, &saved, &policy) {
+        if let Some(ctx) = verified_in_place(&pmu, &area, &saved, &policy) {
             pmu.load(&ctx, &mut model, &mut vpmu::HwRecord::unknown()).expect("an accepted context loads without a fault");
             vpmu_fuzz::assert_amd_clean(&model, policy.may_count_host);
         }
     }
 });
+
+/// The flush's form, verified into a context that holds something else (the saved one):
+/// the by-value verdict, every register written when accepted, none when refused.
+fn verified_in_place<B: PmuBackend>(
+    pmu: &B,
+    area: &VendorArea,
+    saved: &B::Context,
+    policy: &vpmu::GuestPolicy<'_>,
+) -> Option<B::Context> {
+    let by_value = pmu.context_from_page(area, saved, policy);
+    let mut ctx = saved.clone();
+    match (pmu.context_from_page_into(area, saved, policy, &mut ctx), by_value) {
+        (Ok(()), Ok(expected)) => {
+            assert_eq!(ctx, expected, "verified in place as by value");
+            Some(ctx)
+        }
+        (Err(error), Err(expected)) => {
+            assert_eq!(error, expected, "the same register refused");
+            assert_eq!(&ctx, saved, "a refused page leaves the target as it was");
+            None
+        }
+        (verdict, expected) => panic!("in place {verdict:?}, by value {:?}", expected.map(|_| ())),
+    }
+}

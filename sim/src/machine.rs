@@ -67,6 +67,22 @@ impl<C> VcpuTable<C> for SimVcpus<C> {
         true
     }
 
+    #[inline]
+    fn visit<R, F>(&self, id: VcpuId, visit: F) -> Option<R>
+    where
+        F: FnOnce(&mut VcpuPmu<C>) -> R,
+    {
+        let cell = self
+            .domains
+            .get(id.domain as usize)?
+            .get(id.vcpu as usize)?;
+        Some(visit(
+            &mut cell
+                .try_borrow_mut()
+                .expect("the core never nests vCPU visits"),
+        ))
+    }
+
     fn for_each_in_domain(&self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) {
         if let Some(vcpus) = self.domains.get(domain as usize) {
             for cell in vcpus {

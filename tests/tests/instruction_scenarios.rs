@@ -1,4 +1,4 @@
-//! The scenarios of the instruction-count benchmark (`src/bin/instructions.rs`, run under
+//! The scenarios of the instruction-count benchmark (`src/bin/instructions/`, run under
 //! callgrind by `scripts/instructions.sh`) run natively here: each must reach the path it
 //! claims to measure (an intercept handled, a switch pair, a PMI delivered through the LVTPC or
 //! as a sample, a flush accepted) and allocate nothing on the heap.

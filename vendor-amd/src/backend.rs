@@ -99,6 +99,7 @@ impl AmdPmu {
     /// disarmed. `values` says where that value is read. The controls now stand for the
     /// controls at the overflow: a control write that sets INT retires the overflows found
     /// before it ([`AmdPmu::retire_silent_overflow`]).
+    #[inline]
     fn collect_overflows<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
@@ -210,65 +211,38 @@ impl AmdPmu {
     }
 }
 
-impl PmuBackend for AmdPmu {
-    type Context = AmdContext;
-    /// The decoded register, or `Absent` for an MSR of the architecture this PMU lacks.
-    type Register = Lookup;
-
-    fn capabilities(&self) -> &PmuCapabilities {
-        &self.capabilities
-    }
-
-    fn msr_ranges(&self) -> &'static [(u32, u32)] {
-        MSR_RANGES
-    }
-
-    fn classify(&self, msr: Msr) -> Option<Lookup> {
-        match self.caps.lookup(msr) {
-            Lookup::NotPmu => None,
-            found => Some(found),
-        }
-    }
-
-    fn new_context(&self) -> AmdContext {
-        AmdContext::reset(&self.caps)
-    }
-
-    fn init_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault> {
-        self.clean_hardware(hw)
-    }
-
-    /// True while a counter is in use: one is programmed to count, or one was stopped while
-    /// loaded and its value is still only on the hardware (the next `save` fetches it).
-    fn is_active(&self, ctx: &AmdContext) -> bool {
-        !ctx.in_use.is_empty()
-    }
-
-    /// RDPMC ECX 0..n reads core counter n: the K7 PERF_CTRs, or with PerfCtrExtCore the
-    /// interleaved core counters (APM vol. 3, RDPMC). The northbridge and L2I/L3 counters
-    /// (ECX 6..15) are not modelled, and ECX bits 31:30 are not an index: all of them #GP,
-    /// as RDPMC of an unimplemented counter does.
-    fn rdpmc_counter(&self, selector: u32) -> Option<Msr> {
-        (selector < self.caps.gp_counters()).then(|| self.caps.counter_msr(selector))
-    }
-
-    fn read_register<B: MsrBus>(
+impl AmdPmu {
+    /// A guest write of counter `index` (present): through to the hardware while in use.
+    #[inline]
+    fn write_counter_value<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
         hw: Option<&mut B>,
-        register: Lookup,
+        index: u32,
+        value: u64,
+    ) -> Result<(), MsrFault> {
+        let value = policy::counter(value);
+        if let Some(hw) = hw {
+            if ctx.in_use.contains(CounterSet::gp(index)) {
+                self.bank().write_counter(hw, index, value)?;
+            }
+        }
+        ctx.set_counter(index as usize, value);
+        Ok(())
+    }
+
+    /// `read_register` of a present register that is not a counter value.
+    #[inline(never)]
+    fn read_control_register<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: Option<&mut B>,
+        register: Register,
     ) -> Result<MsrOutcome<u64>, MsrFault> {
-        let Lookup::Present(register) = register else {
-            return Ok(MsrOutcome::GeneralProtection);
-        };
         let value = match register {
             Register::Control(index) => ctx.control(index),
-            Register::Counter(index) => match hw {
-                Some(hw) if ctx.in_use.contains(CounterSet::gp(index)) => {
-                    Some(self.bank().read_counter(hw, index)?)
-                }
-                _ => ctx.counter(index),
-            },
+            // Not reached through `read_register`, which reads counters itself.
+            Register::Counter(_) => return self.read_register(ctx, hw, Lookup::Present(register)),
             Register::GlobalCtl => Some(ctx.global_ctl),
             Register::GlobalStatus => {
                 // Overflows since the last PMI are still only in the hardware register.
@@ -284,28 +258,19 @@ impl PmuBackend for AmdPmu {
         Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
     }
 
-    fn write_register<B: MsrBus>(
+    /// `write_register` of a present register that is not a counter value.
+    #[inline(never)]
+    fn write_control_register<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
         hw: Option<&mut B>,
         guest_policy: &GuestPolicy<'_>,
-        register: Lookup,
+        register: Register,
         value: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
-        let Lookup::Present(register) = register else {
-            return Ok(MsrOutcome::GeneralProtection);
-        };
         let mask = self.caps.counter_mask();
         match register {
-            Register::Counter(index) => {
-                let value = policy::counter(value);
-                if let Some(hw) = hw {
-                    if ctx.in_use.contains(CounterSet::gp(index)) {
-                        self.bank().write_counter(hw, index, value)?;
-                    }
-                }
-                ctx.set_counter(index as usize, value);
-            }
+            Register::Counter(index) => self.write_counter_value(ctx, hw, index, value)?,
             Register::Control(index) => {
                 let Ok(control) = policy::control(value, guest_policy) else {
                     return Ok(MsrOutcome::GeneralProtection);
@@ -344,6 +309,95 @@ impl PmuBackend for AmdPmu {
         }
         Ok(MsrOutcome::Handled(()))
     }
+}
+
+impl PmuBackend for AmdPmu {
+    type Context = AmdContext;
+    /// The decoded register, or `Absent` for an MSR of the architecture this PMU lacks.
+    type Register = Lookup;
+
+    fn capabilities(&self) -> &PmuCapabilities {
+        &self.capabilities
+    }
+
+    fn msr_ranges(&self) -> &'static [(u32, u32)] {
+        MSR_RANGES
+    }
+
+    #[inline]
+    fn classify(&self, msr: Msr) -> Option<Lookup> {
+        match self.caps.lookup(msr) {
+            Lookup::NotPmu => None,
+            found => Some(found),
+        }
+    }
+
+    fn new_context(&self) -> AmdContext {
+        AmdContext::reset(&self.caps)
+    }
+
+    fn init_hardware<B: MsrBus>(&self, hw: &mut B) -> Result<(), MsrFault> {
+        self.clean_hardware(hw)
+    }
+
+    /// True while a counter is in use: one is programmed to count, or one was stopped while
+    /// loaded and its value is still only on the hardware (the next `save` fetches it).
+    fn is_active(&self, ctx: &AmdContext) -> bool {
+        !ctx.in_use.is_empty()
+    }
+
+    /// RDPMC ECX 0..n reads core counter n: the K7 PERF_CTRs, or with PerfCtrExtCore the
+    /// interleaved core counters (APM vol. 3, RDPMC). The northbridge and L2I/L3 counters
+    /// (ECX 6..15) are not modelled, and ECX bits 31:30 are not an index: all of them #GP,
+    /// as RDPMC of an unimplemented counter does.
+    fn rdpmc_counter(&self, selector: u32) -> Option<Msr> {
+        (selector < self.caps.gp_counters()).then(|| self.caps.counter_msr(selector))
+    }
+
+    #[inline]
+    fn read_register<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: Option<&mut B>,
+        register: Lookup,
+    ) -> Result<MsrOutcome<u64>, MsrFault> {
+        let Lookup::Present(register) = register else {
+            return Ok(MsrOutcome::GeneralProtection);
+        };
+        // Counter values inline, every other register out of line (as for writes).
+        let Register::Counter(index) = register else {
+            return self.read_control_register(ctx, hw, register);
+        };
+        let value = match hw {
+            Some(hw) if ctx.in_use.contains(CounterSet::gp(index)) => {
+                Some(self.bank().read_counter(hw, index)?)
+            }
+            _ => ctx.counter(index),
+        };
+        // `lookup` only answers Present for indices below the counter count.
+        Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
+    }
+
+    #[inline]
+    fn write_register<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: Option<&mut B>,
+        guest_policy: &GuestPolicy<'_>,
+        register: Lookup,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let Lookup::Present(register) = register else {
+            return Ok(MsrOutcome::GeneralProtection);
+        };
+        // Counter values, the most frequent writes, stay in the caller's frame; every other
+        // register is emulated out of line.
+        let Register::Counter(index) = register else {
+            return self.write_control_register(ctx, hw, guest_policy, register, value);
+        };
+        self.write_counter_value(ctx, hw, index, value)?;
+        Ok(MsrOutcome::Handled(()))
+    }
 
     /// Stops and reads back the counters in use. PerfMonV2: GlobalCtl ← 0 (one write stops
     /// them all; none if the context's GlobalCtl, which the hardware holds while it is loaded,
@@ -355,6 +409,7 @@ impl PmuBackend for AmdPmu {
     /// the wrap is reported once, here or at a PMI). Returns every overflow found, as a PMI
     /// would: one already in the virtual status (the guest has not acknowledged it yet) that
     /// happened again raised a PMI again. Nothing in use: no access at all.
+    #[inline]
     fn save<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
@@ -386,6 +441,7 @@ impl PmuBackend for AmdPmu {
     /// use are cleared. The virtual status stays in the context (guest reads combine it with
     /// the hardware's), so a counter that overflows again while its bit is pending still
     /// shows up as a new hardware status bit.
+    #[inline]
     fn load<B: MsrBus>(
         &self,
         ctx: &AmdContext,
@@ -465,12 +521,13 @@ impl PmuBackend for AmdPmu {
         ctx.to_page(&self.caps, &self.page_banks, area);
     }
 
-    fn context_from_page(
+    fn context_from_page_into(
         &self,
         area: &VendorArea,
         saved: &AmdContext,
         guest_policy: &GuestPolicy<'_>,
-    ) -> Result<AmdContext, ContextError> {
-        AmdContext::from_page(&self.caps, &self.page_banks, area, saved, guest_policy)
+        out: &mut AmdContext,
+    ) -> Result<(), ContextError> {
+        AmdContext::from_page_into(&self.caps, &self.page_banks, area, saved, guest_policy, out)
     }
 }

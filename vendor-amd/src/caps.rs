@@ -158,6 +158,7 @@ impl AmdCaps {
     }
 
     /// Whether `msr` exists on this PMU, and which register it is.
+    #[inline]
     pub fn lookup(&self, msr: Msr) -> Lookup {
         let Some((register, block)) = msrs::decode(msr) else {
             return Lookup::NotPmu;

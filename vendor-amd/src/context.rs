@@ -136,37 +136,73 @@ impl AmdContext {
         banks.set_banks(area, &self.counters, &self.guest_ctl);
     }
 
-    /// Builds a context from a guest-edited `area`, addressing the banks through `banks` (never
-    /// through the geometry words in the area) and checking every register with the WRMSR
-    /// validators. `saved` is the context the page was filled from: a control left exactly as
+    /// Verifies a guest-edited `area`, addressing the banks through `banks` (never through the
+    /// geometry words in the area) and checking every register with the WRMSR validators, and
+    /// only if all pass writes the context it describes into `out`: on a refusal `out` is left
+    /// as it was. `saved` is the context the page was filled from: a control left exactly as
     /// it published it is not refused but restricted ([`policy::restricted_control`]), so an
     /// unedited page flushes whatever the policy became since.
-    pub(crate) fn from_page(
+    pub(crate) fn from_page_into(
         caps: &AmdCaps,
         banks: &AmdBanks,
         area: &VendorArea,
         saved: &AmdContext,
         guest_policy: &GuestPolicy<'_>,
-    ) -> Result<Self, ContextError> {
-        let mut ctx = Self::reset(caps);
-        for i in 0..caps.gp_counters() as usize {
-            let index = Some(i as u32);
+        out: &mut AmdContext,
+    ) -> Result<(), ContextError> {
+        let bank_error = |register| ContextError {
+            register,
+            index: Some(0),
+            value: 0,
+        };
+        let counter_bank = banks
+            .counter_bank(area)
+            .map_err(|_| bank_error("counter"))?;
+        let ctrl_bank = banks.ctrl_bank(area).map_err(|_| bank_error("ctrl"))?;
+        // A counter and control both 0 pass every validator as 0, and so do the slots past
+        // the banks: only the others ("live") are judged, lowest index first.
+        let mut live_set = 0u64;
+        for ((index, &counter), &control) in (0..N).zip(counter_bank).zip(ctrl_bank) {
+            live_set |= u64::from(counter | control != 0) << index;
+        }
+        let mut hw_ctl = [0u64; N];
+        let mut armed = 0u64;
+        let mut in_use = 0u64;
+        let mut live = live_set;
+        while live != 0 {
+            let index = live.trailing_zeros();
+            live &= live - 1;
+            let i = index as usize;
+            let (Some(&raw_counter), Some(&raw_ctl), Some(&published), Some(hardware)) = (
+                counter_bank.get(i),
+                ctrl_bank.get(i),
+                saved.guest_ctl.get(i),
+                hw_ctl.get_mut(i),
+            ) else {
+                continue;
+            };
             let refused = |register, value| ContextError {
                 register,
-                index,
+                index: Some(index),
                 value,
             };
-            let raw = banks.counter(area, i).map_err(|_| refused("counter", 0))?;
-            let value = policy::page_counter(raw).map_err(|_| refused("counter", raw))?;
-            ctx.set_counter(i, value);
-            let raw = banks.ctrl(area, i).map_err(|_| refused("ctrl", 0))?;
-            let control = if saved.guest_ctl.get(i) == Some(&raw) {
-                policy::restricted_control(raw, guest_policy).unwrap_or_else(|c| c)
+            let counter =
+                policy::page_counter(raw_counter).map_err(|_| refused("counter", raw_counter))?;
+            // The page's value is taken as it is or refused: the commit below copies it.
+            debug_assert_eq!(counter, raw_counter);
+            if counter & COUNTER_TOP_BIT != 0 {
+                armed |= CounterSet::gp(index).0;
+            }
+            let control = if raw_ctl == published {
+                policy::restricted_control(raw_ctl, guest_policy).unwrap_or_else(|c| c)
             } else {
-                policy::control(raw, guest_policy).map_err(|_| refused("ctrl", raw))?
+                policy::control(raw_ctl, guest_policy).map_err(|_| refused("ctrl", raw_ctl))?
             };
-            ctx.guest_ctl[i] = control.guest;
-            ctx.hw_ctl[i] = control.hardware;
+            debug_assert_eq!(control.guest, raw_ctl);
+            *hardware = control.hardware;
+            if control.hardware & ctl::EN != 0 {
+                in_use |= CounterSet::gp(index).0;
+            }
         }
         let fixed = area.amd_ctxt();
         let refused = |register, value| ContextError {
@@ -174,12 +210,13 @@ impl AmdContext {
             index: None,
             value,
         };
-        if caps.has_perfmon_v2() {
-            ctx.global_ctl = policy::global_ctl(fixed.global_ctrl, caps.counter_mask())
-                .map_err(|_| refused("global_ctrl", fixed.global_ctrl))?;
-            ctx.global_status =
+        let (global_ctl, global_status) = if caps.has_perfmon_v2() {
+            (
+                policy::global_ctl(fixed.global_ctrl, caps.counter_mask())
+                    .map_err(|_| refused("global_ctrl", fixed.global_ctrl))?,
                 policy::global_status_from_page(fixed.global_status, saved.global_status)
-                    .map_err(|_| refused("global_status", fixed.global_status))?;
+                    .map_err(|_| refused("global_status", fixed.global_status))?,
+            )
         } else {
             // Without PerfMonV2 these registers do not exist; the only legal content is 0.
             if fixed.global_ctrl != 0 {
@@ -188,9 +225,28 @@ impl AmdContext {
             if fixed.global_status != 0 {
                 return Err(refused("global_status", fixed.global_status));
             }
+            (0, 0)
+        };
+
+        // Verified: from here on nothing fails.
+        out.counters = [0; N];
+        out.guest_ctl = [0; N];
+        for ((counter, control), (&raw_counter, &raw_ctl)) in out
+            .counters
+            .iter_mut()
+            .zip(out.guest_ctl.iter_mut())
+            .zip(counter_bank.iter().zip(ctrl_bank))
+        {
+            *counter = raw_counter;
+            *control = raw_ctl;
         }
-        ctx.in_use = ctx.enabled_on_hardware();
-        Ok(ctx)
+        out.hw_ctl = hw_ctl;
+        out.global_ctl = global_ctl;
+        out.global_status = global_status;
+        out.armed = CounterSet(armed);
+        out.in_use = CounterSet(in_use);
+        debug_assert_eq!(out.in_use, out.enabled_on_hardware());
+        Ok(())
     }
 }
 

@@ -114,6 +114,7 @@ pub enum Block {
 
 /// The register an MSR number names architecturally, and the block it belongs to; `None` for an
 /// MSR outside the AMD core PMU.
+#[inline]
 pub fn decode(msr: Msr) -> Option<(Register, Block)> {
     let n = msr.0;
     match n {

@@ -488,3 +488,61 @@ fn a_flushed_page_loads_and_counts() {
     assert!(vcpu.hw.take_pmi());
     assert_eq!(vcpu.value(GLOBAL_STATUS) & 0b10, 0b10);
 }
+
+/// `context_from_page_into` writes every register of its target when the page is accepted,
+/// whatever the target held (the flush reuses contexts), and none when it is refused.
+#[test]
+fn page_verified_in_place_writes_all_or_nothing() {
+    for shape in SHAPES {
+        let vcpu = saved_vcpu(shape);
+        let mut area = VendorArea::default();
+        vcpu.backend.context_to_page(&vcpu.ctx, &mut area);
+        let published = vcpu.ctx.control(0).unwrap_or(0);
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let (mut accepted, mut refused) = (0, 0);
+        for round in 0..300 {
+            let mut edited = area.clone();
+            for _ in 0..round % 3 + 1 {
+                seed = seed
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                // The fixed part and both banks (20 words with 6 counters).
+                let word = (seed >> 33) as usize % 20;
+                edited.words[word] = match seed % 5 {
+                    0 => 0,
+                    1 => seed >> 17,
+                    2 => 1 << (seed % 64),
+                    3 => (seed >> 40) & 0xffff,
+                    _ => published,
+                };
+            }
+            let by_value = vcpu
+                .backend
+                .context_from_page(&edited, &vcpu.ctx, &vcpu.policy);
+            for prefill in [vcpu.ctx.clone(), vcpu.backend.new_context()] {
+                let mut out = prefill.clone();
+                let verdict =
+                    vcpu.backend
+                        .context_from_page_into(&edited, &vcpu.ctx, &vcpu.policy, &mut out);
+                match &by_value {
+                    Ok(ctx) => {
+                        assert_eq!(verdict, Ok(()), "{shape:?}");
+                        assert_eq!(&out, ctx, "{shape:?}");
+                    }
+                    Err(error) => {
+                        assert_eq!(verdict, Err(*error), "{shape:?}");
+                        assert_eq!(out, prefill, "{shape:?}");
+                    }
+                }
+            }
+            match by_value {
+                Ok(_) => accepted += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(
+            accepted > 0 && refused > 0,
+            "{shape:?}: {accepted} {refused}"
+        );
+    }
+}

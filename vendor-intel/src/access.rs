@@ -20,6 +20,7 @@ use crate::msrs::{
 const GP: MsrOutcome<()> = MsrOutcome::GeneralProtection;
 
 impl IntelPmu {
+    #[inline]
     pub(crate) fn emulate_read<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -29,6 +30,7 @@ impl IntelPmu {
         if !register.is_present(&self.caps) {
             return Ok(MsrOutcome::GeneralProtection);
         }
+        // Counter values inline, every other register out of line (as for writes).
         let value = match register {
             IntelMsr::Counter { index, .. } => match hw {
                 Some(hw) if ctx.in_use.contains(CounterSet::gp(index)) => {
@@ -42,6 +44,23 @@ impl IntelPmu {
                 }
                 _ => ctx.fixed_counters.get(index as usize).copied(),
             },
+            _ => return self.emulate_control_read(ctx, hw, register),
+        };
+        Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
+    }
+
+    /// A guest read of a present register that is not a counter value.
+    #[inline(never)]
+    fn emulate_control_read<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        register: IntelMsr,
+    ) -> Result<MsrOutcome<u64>, MsrFault> {
+        let value = match register {
+            IntelMsr::Counter { .. } | IntelMsr::FixedCounter(_) => {
+                return self.emulate_read(ctx, hw, register);
+            }
             IntelMsr::EventSelect(index) => ctx.event_selects.get(index as usize).copied(),
             IntelMsr::FixedCtrCtrl => Some(ctx.fixed_ctrl),
             IntelMsr::GlobalCtrl => Some(ctx.global_ctrl),
@@ -64,6 +83,7 @@ impl IntelPmu {
         Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
     }
 
+    #[inline]
     pub(crate) fn emulate_write<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -76,6 +96,8 @@ impl IntelPmu {
             return Ok(GP);
         }
         let rules = &self.rules;
+        // Counter values, the most frequent writes, stay in the caller's frame; every other
+        // register is emulated out of line.
         match register {
             IntelMsr::Counter { index, alias } => {
                 let value = match alias {
@@ -85,12 +107,31 @@ impl IntelPmu {
                         Err(_) => return Ok(GP),
                     },
                 };
-                self.write_gp_counter(ctx, hw, index, value)
+                self.write_counter_value(ctx, hw, GP_BANK, index, value)
             }
             IntelMsr::FixedCounter(index) => match rules.fixed_counter(value) {
-                Ok(value) => self.write_fixed_counter(ctx, hw, index, value),
+                Ok(value) => self.write_counter_value(ctx, hw, FIXED_BANK, index, value),
                 Err(_) => Ok(GP),
             },
+            _ => self.emulate_control_write(ctx, hw, policy, register, value),
+        }
+    }
+
+    /// A guest write of a present register that is not a counter value.
+    #[inline(never)]
+    fn emulate_control_write<B: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: Option<&mut B>,
+        policy: &GuestPolicy<'_>,
+        register: IntelMsr,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let rules = &self.rules;
+        match register {
+            IntelMsr::Counter { .. } | IntelMsr::FixedCounter(_) => {
+                self.emulate_write(ctx, hw, policy, register, value)
+            }
             IntelMsr::EventSelect(index) => match rules.event_select(value, policy) {
                 Ok(hardware) => self.write_event_select(ctx, hw, index, value, hardware),
                 Err(_) => Ok(GP),
@@ -190,51 +231,50 @@ impl IntelPmu {
         hw.write(Msr(IA32_PERF_GLOBAL_CTRL), ctx.global_ctrl)
     }
 
-    fn write_gp_counter<B: MsrBus>(
+    /// A counter value (`bank` GP_BANK or FIXED_BANK) into the context, and through to the
+    /// hardware while the counter is in use: the common case stays inline.
+    #[inline]
+    fn write_counter_value<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
         hw: Option<&mut B>,
+        bank: usize,
         index: u32,
         value: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
-        let Some(slot) = ctx.gp_counters.get_mut(index as usize) else {
+        let values = if bank == GP_BANK {
+            &mut ctx.gp_counters[..]
+        } else {
+            &mut ctx.fixed_counters[..]
+        };
+        let Some(slot) = values.get_mut(index as usize) else {
             return Ok(GP);
         };
         *slot = value;
-        let counter = CounterSet::gp(index);
+        let Some(map) = self.msr_banks.get(bank) else {
+            return Ok(GP);
+        };
+        let counter = map.counter(index);
         match hw {
-            None => ctx.recompute_in_use(),
-            Some(hw) if ctx.in_use.contains(counter) => {
-                self.gp_bank().write_counter(hw, index, value)?
-            }
-            Some(hw) if value != 0 => {
-                if self.claim(ctx, hw, counter)? {
-                    self.enable_globally(ctx, hw)?;
-                }
-            }
-            // Zero into a counter not in use: the context answers its reads.
-            Some(_) => {}
+            Some(hw) if ctx.in_use.contains(counter) => map.write_counter(hw, index, value)?,
+            hw => self.counter_not_in_use(ctx, hw, counter, value)?,
         }
         Ok(MsrOutcome::Handled(()))
     }
 
-    fn write_fixed_counter<B: MsrBus>(
+    /// After a value was written into the context for `counter`, not in use: off the
+    /// hardware, the in-use set follows the context; on it, a non-zero value puts the counter
+    /// in use (a zero one leaves the context to answer its reads).
+    #[inline(never)]
+    fn counter_not_in_use<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
         hw: Option<&mut B>,
-        index: u32,
+        counter: CounterSet,
         value: u64,
-    ) -> Result<MsrOutcome<()>, MsrFault> {
-        let Some(slot) = ctx.fixed_counters.get_mut(index as usize) else {
-            return Ok(GP);
-        };
-        *slot = value;
-        let counter = CounterSet::fixed(index);
+    ) -> Result<(), MsrFault> {
         match hw {
             None => ctx.recompute_in_use(),
-            Some(hw) if ctx.in_use.contains(counter) => {
-                self.fixed_bank().write_counter(hw, index, value)?
-            }
             Some(hw) if value != 0 => {
                 if self.claim(ctx, hw, counter)? {
                     self.enable_globally(ctx, hw)?;
@@ -242,7 +282,7 @@ impl IntelPmu {
             }
             Some(_) => {}
         }
-        Ok(MsrOutcome::Handled(()))
+        Ok(())
     }
 
     fn write_event_select<B: MsrBus>(

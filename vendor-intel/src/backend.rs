@@ -75,6 +75,7 @@ impl PmuBackend for IntelPmu {
         MSR_RANGES
     }
 
+    #[inline]
     fn classify(&self, msr: Msr) -> Option<IntelMsr> {
         IntelMsr::classify(msr)
     }
@@ -87,6 +88,7 @@ impl PmuBackend for IntelPmu {
         self.clean_hardware(hw)
     }
 
+    #[inline]
     fn is_active(&self, ctx: &IntelContext) -> bool {
         ctx.counts_anything() || ctx.ds_area != 0
     }
@@ -95,6 +97,7 @@ impl PmuBackend for IntelPmu {
         crate::msrs::rdpmc_counter(selector)
     }
 
+    #[inline]
     fn read_register<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -104,6 +107,7 @@ impl PmuBackend for IntelPmu {
         self.emulate_read(ctx, hw, register)
     }
 
+    #[inline]
     fn write_register<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -115,6 +119,7 @@ impl PmuBackend for IntelPmu {
         self.emulate_write(ctx, hw, policy, register, value)
     }
 
+    #[inline]
     fn save<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -124,6 +129,7 @@ impl PmuBackend for IntelPmu {
         self.save_context(ctx, hw, record)
     }
 
+    #[inline]
     fn load<B: MsrBus>(
         &self,
         ctx: &IntelContext,
@@ -157,12 +163,13 @@ impl PmuBackend for IntelPmu {
         self.restrict_context(ctx, policy)
     }
 
-    fn context_from_page(
+    fn context_from_page_into(
         &self,
         area: &VendorArea,
         saved: &IntelContext,
         policy: &GuestPolicy<'_>,
-    ) -> Result<IntelContext, ContextError> {
-        self.read_page(area, saved, policy)
+        out: &mut IntelContext,
+    ) -> Result<(), ContextError> {
+        self.read_page_into(area, saved, policy, out)
     }
 }

@@ -113,6 +113,7 @@ impl IntelContext {
     /// outside it has value 0 and control 0 while the context is loaded (a write of anything
     /// else puts it in use, and `in_use` only grows while loaded), so the result is what
     /// [`IntelContext::recompute_in_use`] gives, without scanning every counter.
+    #[inline]
     pub(crate) fn shrink_in_use(&mut self) {
         let mut idle = 0u64;
         for index in self.in_use.gp_indices() {
@@ -143,6 +144,7 @@ impl IntelContext {
     /// Whether any counter can count on the hardware: enabled locally (after the filter) and
     /// globally. Only counters in use can: a hardware control is the guest's with bits
     /// cleared, and a counter with a non-zero guest control is in use.
+    #[inline]
     pub(crate) fn counts_anything(&self) -> bool {
         let candidates = self.in_use.intersection(CounterSet(self.global_ctrl));
         let gp = candidates.gp_indices().any(|i| {

@@ -159,30 +159,30 @@ pub enum IntelMsr {
     Unmodelled(u32),
 }
 
+// The last MSR of each bank `classify` decodes: 8 general-purpose counters (indices 0..8 in
+// every alias), 4 fixed counters.
+const IA32_PMC_LAST: u32 = IA32_PMC0 + 7;
+const IA32_A_PMC_LAST: u32 = IA32_A_PMC0 + 7;
+const IA32_PERFEVTSEL_LAST: u32 = IA32_PERFEVTSEL0 + 7;
+const IA32_FIXED_CTR_LAST: u32 = IA32_FIXED_CTR0 + 3;
+
 impl IntelMsr {
     /// The register `msr` names in the architectural map, or `None` if it is not a PMU MSR.
+    #[inline]
     pub fn classify(msr: Msr) -> Option<IntelMsr> {
+        // One range match: compiled to a decision tree over the MSR number.
         let n = msr.0;
-        let bank = |base: u32, len: u32| n.checked_sub(base).filter(|&i| i < len);
-        if let Some(index) = bank(IA32_PMC0, 8) {
-            return Some(IntelMsr::Counter {
-                index,
-                alias: CounterAlias::Legacy,
-            });
-        }
-        if let Some(index) = bank(IA32_A_PMC0, 8) {
-            return Some(IntelMsr::Counter {
-                index,
-                alias: CounterAlias::FullWidth,
-            });
-        }
-        if let Some(index) = bank(IA32_PERFEVTSEL0, 8) {
-            return Some(IntelMsr::EventSelect(index));
-        }
-        if let Some(index) = bank(IA32_FIXED_CTR0, 4) {
-            return Some(IntelMsr::FixedCounter(index));
-        }
         Some(match n {
+            IA32_PMC0..=IA32_PMC_LAST => IntelMsr::Counter {
+                index: n - IA32_PMC0,
+                alias: CounterAlias::Legacy,
+            },
+            IA32_A_PMC0..=IA32_A_PMC_LAST => IntelMsr::Counter {
+                index: n - IA32_A_PMC0,
+                alias: CounterAlias::FullWidth,
+            },
+            IA32_PERFEVTSEL0..=IA32_PERFEVTSEL_LAST => IntelMsr::EventSelect(n - IA32_PERFEVTSEL0),
+            IA32_FIXED_CTR0..=IA32_FIXED_CTR_LAST => IntelMsr::FixedCounter(n - IA32_FIXED_CTR0),
             IA32_PERF_CAPABILITIES => IntelMsr::PerfCapabilities,
             IA32_FIXED_CTR_CTRL => IntelMsr::FixedCtrCtrl,
             IA32_PERF_GLOBAL_STATUS => IntelMsr::GlobalStatus,
@@ -225,6 +225,7 @@ impl IntelMsr {
     /// Whether the guest-visible PMU described by `caps` has this register. Absent registers
     /// fault on any access. DS_AREA and PEBS_ENABLE are always present: they read as 0 and
     /// their writes are judged by the policy, so the guest sees one consistent rule.
+    #[inline]
     pub fn is_present(self, caps: &IntelCaps) -> bool {
         match self {
             IntelMsr::Counter { index, alias } => {

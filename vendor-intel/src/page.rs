@@ -3,10 +3,10 @@
 //! guest and never read back.
 
 use vpmu::abi::{IntelCtxt, VendorArea};
-use vpmu::{ContextError, GuestPolicy};
+use vpmu::{ContextError, CounterSet, GuestPolicy};
 
 use crate::backend::IntelPmu;
-use crate::context::IntelContext;
+use crate::context::{FIXED_SLOTS, GP_SLOTS, IntelContext};
 use crate::policy::Refused;
 use crate::restrict::{self, Restricted};
 
@@ -66,25 +66,26 @@ impl IntelPmu {
     }
 
     /// Rebuilds every register from the (already copied) area and verifies it with the WRMSR
-    /// validators. The first violation is returned; nothing is repaired. A control (each
-    /// PERFEVTSELx, FIXED_CTR_CTRL, DS_AREA) left exactly as `saved` publishes it was legal
-    /// when published: it is not refused but given the hardware image [`restrict`] computes
-    /// under `policy`, so an unedited page always flushes whatever the policy became since.
-    pub(crate) fn read_page(
+    /// validators. The first violation is returned and `out` is left as it was: every check
+    /// runs before the first write to it. Nothing is repaired. A control (each PERFEVTSELx,
+    /// FIXED_CTR_CTRL, DS_AREA) left exactly as `saved` publishes it was legal when published:
+    /// it is not refused but given the hardware image [`restrict`] computes under `policy`, so
+    /// an unedited page always flushes whatever the policy became since.
+    pub(crate) fn read_page_into(
         &self,
         area: &VendorArea,
         saved: &IntelContext,
         policy: &GuestPolicy<'_>,
-    ) -> Result<IntelContext, ContextError> {
+        out: &mut IntelContext,
+    ) -> Result<(), ContextError> {
         let rules = &self.rules;
         let ctxt = area.intel_ctxt();
-        let mut ctx = IntelContext::reset(&self.caps);
 
-        ctx.global_ctrl =
+        let global_ctrl =
             rules
                 .global_ctrl(ctxt.global_ctrl)
                 .or_refuse("global_ctrl", None, ctxt.global_ctrl)?;
-        ctx.fixed_ctrl_hw = if ctxt.fixed_ctrl == saved.fixed_ctrl {
+        let fixed_ctrl_hw = if ctxt.fixed_ctrl == saved.fixed_ctrl {
             unedited(restrict::fixed_ctrl(rules, ctxt.fixed_ctrl, policy))
         } else {
             rules.fixed_ctrl(ctxt.fixed_ctrl, policy).or_refuse(
@@ -93,7 +94,6 @@ impl IntelPmu {
                 ctxt.fixed_ctrl,
             )?
         };
-        ctx.fixed_ctrl = ctxt.fixed_ctrl;
         // Acknowledging is clearing: the owner may drop recorded overflows, never invent one.
         if ctxt.global_status & !saved.global_status != 0 {
             return Err(refused("global_status", None, ctxt.global_status));
@@ -103,8 +103,7 @@ impl IntelPmu {
             None,
             ctxt.global_ovf_ctrl,
         )?;
-        ctx.global_status = ctxt.global_status & !acknowledged;
-        ctx.ds_area = if ctxt.ds_area == saved.ds_area {
+        let ds_area = if ctxt.ds_area == saved.ds_area {
             unedited(restrict::ds_area(rules, ctxt.ds_area, policy))
         } else {
             rules
@@ -115,40 +114,61 @@ impl IntelPmu {
             .pebs_enable(ctxt.pebs_enable)
             .or_refuse("pebs_enable", None, ctxt.pebs_enable)?;
 
-        for (index, slot) in (0..self.page_banks.fixed_count()).zip(&mut ctx.fixed_counters) {
-            let value = self
-                .page_banks
-                .fixed_counter(area, index as usize)
-                .map_err(|_| refused("fixed_counter", Some(index), 0))?;
-            *slot = if self.caps.has_fixed(index) {
+        // Entries whose value and control are both 0 pass every validator as 0, and so do the
+        // slots past the banks: only the others ("live") are judged, lowest index first.
+        let fixed = self
+            .page_banks
+            .fixed_bank(area)
+            .map_err(|_| refused("fixed_counter", Some(0), 0))?;
+        let pairs = self
+            .page_banks
+            .arch_bank(area)
+            .map_err(|_| refused("counter", Some(0), 0))?;
+        let mut fixed_live = 0u64;
+        for (index, &value) in (0..FIXED_SLOTS).zip(fixed) {
+            fixed_live |= u64::from(value != 0) << index;
+        }
+        let mut gp_live = 0u64;
+        for (index, pair) in (0..GP_SLOTS).zip(pairs) {
+            gp_live |= u64::from(pair.counter | pair.control != 0) << index;
+        }
+        let mut live = fixed_live;
+        while live != 0 {
+            let index = live.trailing_zeros();
+            live &= live - 1;
+            let value = fixed.get(index as usize).map_or(0, |&value| value);
+            if !self.caps.has_fixed(index) {
+                // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
+                return Err(refused("fixed_counter", Some(index), value));
+            }
+            let accepted =
                 rules
                     .fixed_counter(value)
-                    .or_refuse("fixed_counter", Some(index), value)?
-            } else if value == 0 {
-                // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
-                0
-            } else {
-                return Err(refused("fixed_counter", Some(index), value));
-            };
+                    .or_refuse("fixed_counter", Some(index), value)?;
+            // Counter validators take a value as it is or refuse it: the commit below copies
+            // the page's.
+            debug_assert_eq!(accepted, value);
         }
-        let gp_slots = ctx
-            .gp_counters
-            .iter_mut()
-            .zip(ctx.event_selects.iter_mut().zip(&mut ctx.event_selects_hw))
-            .zip(&saved.event_selects);
-        for (index, ((counter, (control, control_hw)), &published)) in
-            (0..self.page_banks.arch_count()).zip(gp_slots)
-        {
-            let pair = self
-                .page_banks
-                .pair(area, index as usize)
-                .map_err(|_| refused("counter", Some(index), 0))?;
-            *counter = rules.full_width_counter(pair.counter).or_refuse(
+        let mut event_selects_hw = [0u64; GP_SLOTS];
+        let mut live = gp_live;
+        while live != 0 {
+            let index = live.trailing_zeros();
+            live &= live - 1;
+            let i = index as usize;
+            let (Some(pair), Some(&published), Some(image)) = (
+                pairs.get(i),
+                saved.event_selects.get(i),
+                event_selects_hw.get_mut(i),
+            ) else {
+                continue;
+            };
+            let accepted = rules.full_width_counter(pair.counter).or_refuse(
                 "counter",
                 Some(index),
                 pair.counter,
             )?;
-            *control_hw = if pair.control == published {
+            debug_assert_eq!(accepted, pair.counter);
+            *image = if pair.control == published {
                 unedited(restrict::event_select(rules, pair.control, policy))
             } else {
                 rules.event_select(pair.control, policy).or_refuse(
@@ -157,9 +177,40 @@ impl IntelPmu {
                     pair.control,
                 )?
             };
+        }
+
+        // Verified: from here on nothing fails.
+        out.fixed_counters = [0; FIXED_SLOTS];
+        for (slot, &value) in out.fixed_counters.iter_mut().zip(fixed) {
+            *slot = value;
+        }
+        out.gp_counters = [0; GP_SLOTS];
+        out.event_selects = [0; GP_SLOTS];
+        for ((counter, control), pair) in out
+            .gp_counters
+            .iter_mut()
+            .zip(out.event_selects.iter_mut())
+            .zip(pairs)
+        {
+            *counter = pair.counter;
             *control = pair.control;
         }
-        ctx.recompute_in_use();
-        Ok(ctx)
+        out.event_selects_hw = event_selects_hw;
+        out.fixed_ctrl = ctxt.fixed_ctrl;
+        out.fixed_ctrl_hw = fixed_ctrl_hw;
+        out.global_ctrl = global_ctrl;
+        out.global_status = ctxt.global_status & !acknowledged;
+        out.ds_area = ds_area;
+        // In use: a non-zero value or control (`IntelContext::recompute_in_use`).
+        let fixed_ctrl_live =
+            u64::from(restrict::nibble_mask(ctxt.fixed_ctrl)) & ((1 << FIXED_SLOTS) - 1);
+        out.in_use = CounterSet(gp_live | (fixed_live | fixed_ctrl_live) << CounterSet::FIXED_BASE);
+        #[cfg(debug_assertions)]
+        {
+            let mut check = out.clone();
+            check.recompute_in_use();
+            debug_assert_eq!(check.in_use, out.in_use, "in_use of a flushed page");
+        }
+        Ok(())
     }
 }

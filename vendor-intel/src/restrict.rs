@@ -13,7 +13,7 @@ use vpmu::{ContextError, GuestPolicy};
 
 use crate::backend::IntelPmu;
 use crate::context::IntelContext;
-use crate::msrs::{EVTSEL_EN, FIXED_NIBBLE_BITS, at_fixed_nibble, fixed_nibble};
+use crate::msrs::{EVTSEL_EN, at_fixed_nibble, fixed_nibble};
 use crate::policy::{EVTSEL_GUEST_BITS, GuestRules};
 
 /// A control's hardware image under a policy: `Ok` when the validator accepts the guest value
@@ -47,11 +47,16 @@ pub(crate) fn fixed_ctrl(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_
     if refused { Err(image) } else { Ok(image) }
 }
 
-/// Bit `i` set for each non-zero nibble `i` of a FIXED_CTR_CTRL value.
-fn nibble_mask(value: u64) -> u32 {
-    (0..u64::BITS / FIXED_NIBBLE_BITS)
-        .filter(|&index| fixed_nibble(value, index) != 0)
-        .fold(0, |mask, index| mask | 1 << index)
+/// Bit `i` set for each non-zero nibble `i` of a FIXED_CTR_CTRL value. Branch-free: a flush
+/// computes it for every unedited page.
+pub(crate) fn nibble_mask(value: u64) -> u32 {
+    // Bit 4i of `any` is set when nibble i has any bit set; then gather those bits.
+    let mut any = (value | value >> 1 | value >> 2 | value >> 3) & 0x1111_1111_1111_1111;
+    any = (any | any >> 3) & 0x0303_0303_0303_0303;
+    any = (any | any >> 6) & 0x000f_000f_000f_000f;
+    any = (any | any >> 12) & 0x0000_00ff_0000_00ff;
+    any = (any | any >> 24) & 0xffff;
+    any as u32
 }
 
 /// IA32_DS_AREA: the value if the validator accepts it, else 0 (no DS area loaded).
@@ -119,5 +124,33 @@ impl IntelPmu {
         // bookkeeping follows the context whatever it held.
         ctx.recompute_in_use();
         first
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msrs::FIXED_NIBBLE_BITS;
+
+    #[test]
+    fn the_nibble_mask_names_every_non_zero_nibble() {
+        let naive = |value: u64| {
+            (0..u64::BITS / FIXED_NIBBLE_BITS)
+                .filter(|&index| fixed_nibble(value, index) != 0)
+                .fold(0u32, |mask, index| mask | 1 << index)
+        };
+        let mut value = 0x9e37_79b9_7f4a_7c15u64;
+        for shift in 0..64 {
+            for probe in [
+                0,
+                u64::MAX,
+                1 << shift,
+                value,
+                value & 0x8421_8421_8421_8421,
+            ] {
+                assert_eq!(nibble_mask(probe), naive(probe), "{probe:#x}");
+            }
+            value = value.rotate_left(7).wrapping_mul(0x2545_f491_4f6c_dd1d);
+        }
     }
 }

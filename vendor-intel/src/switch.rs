@@ -79,6 +79,7 @@ impl IntelPmu {
         Ok(overflow)
     }
 
+    #[inline]
     pub(crate) fn load_context<B: MsrBus>(
         &self,
         ctx: &IntelContext,
@@ -107,6 +108,7 @@ impl IntelPmu {
     /// nibble's PMI bit; OvfBuffer and CondChgd are no counters). The controls now stand for
     /// the controls at the overflow: a control write that enables the interrupt retires the
     /// overflows found before it ([`IntelPmu::retire_silent_overflows`]).
+    #[inline]
     pub(crate) fn collect_overflow<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,

@@ -429,7 +429,24 @@ proptest! {
         for (word, value) in corruptions {
             area.words[word] = value;
         }
-        if let Ok(ctx) = m.pmu.context_from_page(&area, &saved, &policy) {
+        // In place: every register written when accepted, whatever the target held (the
+        // flush reuses contexts), and none when refused.
+        let by_value = m.pmu.context_from_page(&area, &saved, &policy);
+        for prefill in [saved.clone(), m.pmu.new_context()] {
+            let mut out = prefill.clone();
+            let verdict = m.pmu.context_from_page_into(&area, &saved, &policy, &mut out);
+            match &by_value {
+                Ok(ctx) => {
+                    prop_assert_eq!(verdict, Ok(()));
+                    prop_assert_eq!(&out, ctx);
+                }
+                Err(error) => {
+                    prop_assert_eq!(verdict, Err(*error));
+                    prop_assert_eq!(&out, &prefill);
+                }
+            }
+        }
+        if let Ok(ctx) = by_value {
             let mut edited = Vcpu { ctx, loaded: false };
             m.load(&mut edited);
             assert_no_forbidden_bits(&m.hw, &policy);

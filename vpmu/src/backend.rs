@@ -452,12 +452,31 @@ pub trait PmuBackend {
     /// control the guest left exactly as published in `saved`: it was legal when published,
     /// and if the policy changed since, it is restricted as [`PmuBackend::restrict`] does
     /// instead of refused, so that an unedited page always flushes.
+    ///
+    /// The by-value form of [`PmuBackend::context_from_page_into`], for callers without a
+    /// context to write into.
     fn context_from_page(
         &self,
         area: &VendorArea,
         saved: &Self::Context,
         policy: &GuestPolicy<'_>,
-    ) -> Result<Self::Context, ContextError>;
+    ) -> Result<Self::Context, ContextError> {
+        let mut ctx = self.new_context();
+        self.context_from_page_into(area, saved, policy, &mut ctx)?;
+        Ok(ctx)
+    }
+
+    /// [`PmuBackend::context_from_page`] written into `out`, the context the flush loads:
+    /// on success every register of `out` is the verified one (nothing of its previous
+    /// contents is left), on failure `out` is unchanged. Verifying in place spares the hot
+    /// flush path a context built on the stack and moved into place.
+    fn context_from_page_into(
+        &self,
+        area: &VendorArea,
+        saved: &Self::Context,
+        policy: &GuestPolicy<'_>,
+        out: &mut Self::Context,
+    ) -> Result<(), ContextError>;
 }
 
 #[cfg(test)]

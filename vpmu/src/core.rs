@@ -53,6 +53,7 @@ impl Mode {
     }
 
     /// Whether contexts follow their vCPUs (self and hv modes).
+    #[inline]
     pub fn switches_contexts(self) -> bool {
         matches!(self, Mode::SelfProfiling | Mode::Hypervisor)
     }
@@ -71,18 +72,28 @@ pub struct PolicySnapshot {
 
 impl PolicySnapshot {
     // The word: epoch in bits 63:16, features in 15:8, the ABI mode value in 7:0.
-    fn pack(self) -> u64 {
+    pub(crate) fn pack(self) -> u64 {
         self.epoch << 16 | (self.features & 0xff) << 8 | self.mode.to_abi()
     }
 
-    fn unpack(word: u64) -> Self {
+    pub(crate) fn unpack(word: u64) -> Self {
         PolicySnapshot {
-            mode: Mode::from_abi(word & 0xff).unwrap_or(Mode::Off),
+            mode: MODE_OF_ABI[(word & 7) as usize],
             features: (word >> 8) & 0xff,
             epoch: word >> 16,
         }
     }
 }
+
+/// `Mode::from_abi` for the values `pack` stores, as one table load (every hot entry point
+/// unpacks the policy): the ABI's modes are 0, 1, 2 and 4.
+const MODE_OF_ABI: [Mode; 8] = {
+    let mut table = [Mode::Off; 8];
+    table[XENPMU_MODE_SELF as usize] = Mode::SelfProfiling;
+    table[XENPMU_MODE_HV as usize] = Mode::Hypervisor;
+    table[XENPMU_MODE_ALL as usize] = Mode::All;
+    table
+};
 
 // Every feature bit fits the packed word.
 const _: () = assert!(vpmu_abi::XENPMU_FEATURE_MASK <= 0xff);
@@ -120,6 +131,27 @@ pub trait VcpuTable<C> {
     fn with_vcpu(&self, id: VcpuId, visit: &mut dyn FnMut(&mut VcpuPmu<C>)) -> bool;
     /// Runs `visit` on every vCPU of `domain`, one at a time.
     fn for_each_in_domain(&self, domain: u32, visit: &mut dyn FnMut(&mut VcpuPmu<C>));
+
+    /// Runs `visit` on `id`'s state and returns what it returned; `None` if there is no such
+    /// vCPU. What the context switch calls. The default goes through
+    /// [`VcpuTable::with_vcpu`]; a table that overrides it with the same locking lets the
+    /// compiler inline the visit (no `dyn` call, no result passed through the closure's
+    /// captures), which is a good part of a switch's cost.
+    #[inline]
+    fn visit<R, F>(&self, id: VcpuId, visit: F) -> Option<R>
+    where
+        Self: Sized,
+        F: FnOnce(&mut VcpuPmu<C>) -> R,
+    {
+        let mut visit = Some(visit);
+        let mut out = None;
+        self.with_vcpu(id, &mut |v| {
+            if let Some(f) = visit.take() {
+                out = Some(f(v));
+            }
+        });
+        out
+    }
 }
 
 /// The global vPMU state.
@@ -184,8 +216,15 @@ impl<B: PmuBackend> Vpmu<B> {
     }
 
     /// The policy in force.
+    #[inline]
     pub fn policy(&self) -> PolicySnapshot {
-        PolicySnapshot::unpack(self.policy.load(Ordering::Acquire))
+        PolicySnapshot::unpack(self.policy_word())
+    }
+
+    /// The policy in force, packed: equal words are the same snapshot.
+    #[inline(always)]
+    pub(crate) fn policy_word(&self) -> u64 {
+        self.policy.load(Ordering::Acquire)
     }
 
     /// The current mode.
@@ -228,7 +267,8 @@ impl<B: PmuBackend> Vpmu<B> {
         let _control = self.control.lock();
         let policy = self.policy();
         self.online.fetch_add(1, Ordering::AcqRel);
-        let mut pcpu = PcpuPmu::new(index, hw, policy, self.backend.new_context());
+        let words = self.backend.page_layout().used_words();
+        let mut pcpu = PcpuPmu::new(index, hw, policy, words, self.backend.new_context());
         // `init_hardware` leaves every control 0 (its contract); nothing else is known.
         pcpu.record.controls_cleared();
         Ok(pcpu)

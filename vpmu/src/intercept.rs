@@ -4,12 +4,12 @@
 //! Nothing here can reach another pCPU's hardware: the only bus is the local pCPU's, and what
 //! other pCPUs must do is sent to them as a request.
 
-use crate::backend::{MsrOutcome, PmuBackend};
+use crate::backend::{GuestPolicy, MsrOutcome, PmuBackend};
 use crate::core::{CoreError, Mode, PolicySnapshot, Vpmu};
 use crate::msr::{Msr, MsrBus};
 use crate::platform::Platform;
 use crate::request::CrossCpuRequest;
-use crate::state::{PcpuPmu, SystemContext, VcpuPmu, VcpuState};
+use crate::state::{FastIntercepts, PcpuPmu, SystemContext, VcpuPmu, VcpuState};
 
 /// One decoded guest WRMSR: the register the backend decoded, the MSR number (requests to
 /// other pCPUs carry it), the value.
@@ -33,6 +33,28 @@ impl<B: PmuBackend> Vpmu<B> {
         let Some(register) = self.backend.classify(msr) else {
             return Ok(MsrOutcome::NotPmu);
         };
+        if self.fast_entry(pcpu, vcpu).is_some() {
+            vcpu.stats.msr_reads += 1;
+            let outcome =
+                self.backend
+                    .read_register(&mut vcpu.ctx, Some(&mut pcpu.hw), register)?;
+            if outcome == MsrOutcome::GeneralProtection {
+                vcpu.stats.gp_faults += 1;
+            }
+            return Ok(outcome);
+        }
+        self.read_entered(platform, pcpu, vcpu, register)
+    }
+
+    /// A guest RDMSR of `register` that takes the full entry.
+    #[inline(never)]
+    fn read_entered<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+        register: B::Register,
+    ) -> Result<MsrOutcome<u64>, CoreError> {
         let policy = self.enter(platform, pcpu, vcpu)?;
         vcpu.stats.msr_reads += 1;
         let privileged = platform.privileged_domain();
@@ -41,6 +63,7 @@ impl<B: PmuBackend> Vpmu<B> {
         } else if policy.mode == Mode::All {
             self.system_read(platform, pcpu, vcpu, register)?
         } else {
+            self.allow_fast_entry(policy, platform, pcpu, vcpu);
             let hw =
                 (vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index })).then_some(&mut pcpu.hw);
             self.backend.read_register(&mut vcpu.ctx, hw, register)?
@@ -93,6 +116,39 @@ impl<B: PmuBackend> Vpmu<B> {
         let Some(register) = self.backend.classify(msr) else {
             return Ok(MsrOutcome::NotPmu);
         };
+        if let Some(word) = self.fast_entry(pcpu, vcpu) {
+            vcpu.stats.msr_writes += 1;
+            let guest = GuestPolicy {
+                features: PolicySnapshot::unpack(word).features,
+                filter: platform.event_filter(vcpu.id.domain),
+                may_count_host: vcpu.fast.may_count_host,
+            };
+            let outcome = self.backend.write_register(
+                &mut vcpu.ctx,
+                Some(&mut pcpu.hw),
+                &guest,
+                register,
+                value,
+            )?;
+            if outcome == MsrOutcome::GeneralProtection {
+                vcpu.stats.gp_faults += 1;
+            }
+            return Ok(outcome);
+        }
+        self.write_entered(platform, pcpu, vcpu, register, msr, value)
+    }
+
+    /// A guest WRMSR of `register` that takes the full entry.
+    #[inline(never)]
+    fn write_entered<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+        register: B::Register,
+        msr: Msr,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, CoreError> {
         let write = GuestWrite {
             register,
             msr,
@@ -154,6 +210,7 @@ impl<B: PmuBackend> Vpmu<B> {
         if policy.mode == Mode::All {
             return self.system_write(platform, policy, pcpu, vcpu, write);
         }
+        self.allow_fast_entry(policy, platform, pcpu, vcpu);
         let guest = self.guest_policy(policy, platform, vcpu.id.domain);
         let loaded = vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index });
         let hw = loaded.then_some(&mut pcpu.hw);
@@ -169,6 +226,46 @@ impl<B: PmuBackend> Vpmu<B> {
             self.load_if_active(platform, policy, pcpu, vcpu)?;
         }
         Ok(outcome)
+    }
+
+    /// The fast path's condition: a full entry under the policy in force allowed it
+    /// (`FastIntercepts`), this pCPU has caught up with that policy, and `vcpu`'s context is
+    /// loaded here. Returns the policy word. One atomic load and three compares.
+    #[inline(always)]
+    fn fast_entry<H>(
+        &self,
+        pcpu: &PcpuPmu<B::Context, H>,
+        vcpu: &VcpuPmu<B::Context>,
+    ) -> Option<u64> {
+        let word = self.policy_word();
+        (vcpu.fast.word == word
+            && pcpu.seen.epoch == PolicySnapshot::unpack(word).epoch
+            && vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index }))
+        .then_some(word)
+    }
+
+    /// After a full entry whose checks passed under `policy` in a mode that switches
+    /// contexts: the vCPU's next intercepts under the same policy may take the fast path,
+    /// if this pCPU has caught up with it and the context was validated against it (the
+    /// entry may leave either to a later call).
+    fn allow_fast_entry<P: Platform, H: MsrBus>(
+        &self,
+        policy: PolicySnapshot,
+        platform: &P,
+        pcpu: &PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) {
+        if policy.mode.switches_contexts()
+            && pcpu.seen.epoch == policy.epoch
+            && vcpu.validated == policy.epoch
+        {
+            vcpu.fast = FastIntercepts {
+                word: policy.pack(),
+                may_count_host: self
+                    .guest_policy(policy, platform, vcpu.id.domain)
+                    .may_count_host,
+            };
+        }
     }
 
     /// The common start of an intercept: the pCPU caught up with the policy, the vCPU checked

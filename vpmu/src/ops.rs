@@ -5,11 +5,11 @@
 
 use vpmu_abi::ops::{CoverageParams, Op, OpError, Params, is_valid_features, is_valid_mode};
 use vpmu_abi::writer::{
-    clear_cached, copy_vendor_area, guest_lvtpc_masked, init_page, set_tsc_khz,
+    clear_cached, clear_vendor_words, copy_vendor_words, guest_lvtpc_masked, init_page, set_tsc_khz,
 };
 use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 
-use crate::backend::PmuBackend;
+use crate::backend::{ContextError, PmuBackend};
 use crate::core::{Mode, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
 use crate::platform::{Diagnostic, MapError, Platform, VcpuId};
@@ -120,13 +120,9 @@ impl<B: PmuBackend> Vpmu<B> {
             }
             // Returned above.
             Op::Coverage => return Err(OpError::NotSupported),
-            Op::Flush => {
-                let mut result = Err(OpError::InvalidArgument);
-                vcpus.with_vcpu(caller, &mut |vcpu| {
-                    result = self.flush(platform, pcpu, vcpu);
-                });
-                result?;
-            }
+            Op::Flush => vcpus
+                .visit(caller, |vcpu| self.flush(platform, pcpu, vcpu))
+                .unwrap_or(Err(OpError::InvalidArgument))?,
         }
         Ok(out)
     }
@@ -380,50 +376,57 @@ impl<B: PmuBackend> Vpmu<B> {
                 return Err(OpError::Again);
             }
         }
-        let (area, lvtpc) = platform
-            .with_page(page.slot, |page| (copy_vendor_area(page), page.lapic_lvtpc))
+        // The one read of the guest's vendor area: only what the backend's layout addresses,
+        // into this pCPU's copy, which is all that is verified from here on.
+        let words = pcpu.page_copy_words;
+        let copy = &mut pcpu.page_copy;
+        let lvtpc = platform
+            .with_page(page.slot, |page| {
+                copy_vendor_words(page, words, copy);
+                page.lapic_lvtpc
+            })
             .ok_or(OpError::NoVpmu)?;
         let guest = self.guest_policy(policy, platform, vcpu.id.domain);
-        let verified = match from {
+        let cached = match pcpu.system {
+            SystemContext::Cached { profiler } => Some(profiler),
+            _ => None,
+        };
+        let saved = match from {
             // The sampled pCPU's context as saved at the sample (kept with the sample: that
             // pCPU's state is not ours to read).
-            SampleSource::System { .. } => match vcpu.sampled.as_ref() {
-                Some(saved) => self.backend.context_from_page(&area, saved, &guest),
-                None => return Err(OpError::InvalidArgument),
-            },
-            SampleSource::Own { .. } => self.backend.context_from_page(&area, &vcpu.ctx, &guest),
+            SampleSource::System { .. } => vcpu.sampled.as_ref(),
+            SampleSource::Own { .. } => Some(&vcpu.ctx),
         };
-        let context = match verified {
-            Ok(context) => context,
-            Err(error) => {
-                platform.diagnostic(Diagnostic::InvalidContextAtFlush {
-                    vcpu: vcpu.id,
-                    register: error.register,
-                });
-                return Err(OpError::InvalidContext);
-            }
-        };
+        let mut ctx = self.backend.new_context();
+        let verified = saved.map(|saved| {
+            self.backend
+                .context_from_page_into(&pcpu.page_copy, saved, &guest, &mut ctx)
+        });
+        // No guest data outlives the flush, and a refused one leaves the pCPU as it was.
+        clear_vendor_words(&mut pcpu.page_copy, words);
+        let verified = verified.ok_or(OpError::InvalidArgument)?;
+        Self::accepted(platform, vcpu.id, verified)?;
         match from {
             SampleSource::System { pcpu: p } if p == pcpu.index => {
-                let SystemContext::Cached { profiler } = pcpu.system else {
+                let Some(profiler) = cached else {
                     return Err(OpError::InvalidArgument);
                 };
-                Self::load_on(&self.backend, &context, &mut pcpu.hw, &mut pcpu.record)
+                Self::load_on(&self.backend, &ctx, &mut pcpu.hw, &mut pcpu.record)
                     .map_err(|_| OpError::InvalidContext)?;
-                pcpu.system_ctx = context;
+                pcpu.system_ctx = ctx;
                 pcpu.system = SystemContext::Loaded { profiler };
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 self.unmask_physical_lvtpc(platform, pcpu);
             }
             SampleSource::System { pcpu: p } => {
-                vcpu.handover = Some((p, context));
+                vcpu.handover = Some((p, ctx));
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 platform.send_request(p, CrossCpuRequest::ResumeSystem { profiler: vcpu.id });
             }
             SampleSource::Own { pcpu: p } => {
-                vcpu.ctx = context;
+                vcpu.ctx = ctx;
                 vcpu.state = VcpuState::Saved;
                 if p == pcpu.index && pcpu.lvtpc_masked_for == Some(vcpu.id) {
                     self.unmask_physical_lvtpc(platform, pcpu);
@@ -435,5 +438,20 @@ impl<B: PmuBackend> Vpmu<B> {
         vcpu.page_lvtpc_masked = guest_lvtpc_masked(lvtpc);
         platform.with_page(page.slot, clear_cached);
         Ok(())
+    }
+
+    /// A flushed page's verdict: a refusal is reported (which register) and is `-EIO`.
+    fn accepted<P: Platform>(
+        platform: &mut P,
+        vcpu: VcpuId,
+        verified: Result<(), ContextError>,
+    ) -> Result<(), OpError> {
+        verified.map_err(|error| {
+            platform.diagnostic(Diagnostic::InvalidContextAtFlush {
+                vcpu,
+                register: error.register,
+            });
+            OpError::InvalidContext
+        })
     }
 }

@@ -145,7 +145,7 @@ impl<B: PmuBackend> Vpmu<B> {
 
     #[cold]
     #[inline(never)]
-    fn catch_up_changed<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
+    pub(crate) fn catch_up_changed<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
         &self,
         platform: &mut P,
         pcpu: &mut PcpuPmu<B::Context, H>,

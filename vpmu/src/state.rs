@@ -1,7 +1,7 @@
 //! Per-vCPU and per-pCPU state objects, embedded by the integrator in its own vCPU and CPU
 //! structures (the core allocates nothing).
 
-use vpmu_abi::XENPMU_CALLCHAIN_MAX;
+use vpmu_abi::{VendorArea, XENPMU_CALLCHAIN_MAX};
 
 use crate::backend::Overflow;
 use crate::bank::HwRecord;
@@ -112,6 +112,28 @@ pub(crate) struct SharedPage {
     pub(crate) chain_written: u32,
 }
 
+/// The outcome of a vCPU's last full intercept entry, kept so that the next intercepts under
+/// the same policy skip it: under policy word `word` (the packed mode, features and epoch,
+/// which every change of mode, features or event filter replaces) the vCPU had a vPMU, the
+/// mode switched contexts, and its context was validated. While the word is unchanged, the
+/// pCPU has caught up with it and the context is loaded on that pCPU, every check of the
+/// full entry passes, so the fast path is the full path with its answers known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FastIntercepts {
+    /// The policy word of the checks; `u64::MAX` (an epoch no vPMU reaches) for none.
+    pub(crate) word: u64,
+    /// `GuestPolicy::may_count_host` under that policy.
+    pub(crate) may_count_host: bool,
+}
+
+impl FastIntercepts {
+    /// No fast path until a full entry has passed.
+    pub(crate) const NONE: FastIntercepts = FastIntercepts {
+        word: u64::MAX,
+        may_count_host: false,
+    };
+}
+
 /// The vPMU part of a vCPU.
 #[derive(Clone, Debug)]
 pub struct VcpuPmu<C> {
@@ -120,6 +142,8 @@ pub struct VcpuPmu<C> {
     pub(crate) ctx: C,
     /// The policy epoch `ctx` was last validated against.
     pub(crate) validated: u64,
+    /// When this vCPU's intercepts may skip the entry checks (see `intercept.rs`).
+    pub(crate) fast: FastIntercepts,
     pub(crate) page: Option<SharedPage>,
     /// The page path's virtual LVTPC mask, as last applied by lvtpc_set or flush.
     pub(crate) page_lvtpc_masked: bool,
@@ -152,6 +176,7 @@ impl<C> VcpuPmu<C> {
             state: VcpuState::Allocated,
             ctx,
             validated: 0,
+            fast: FastIntercepts::NONE,
             page: None,
             page_lvtpc_masked: true,
             running_on: None,
@@ -246,6 +271,13 @@ pub struct PcpuPmu<C, H> {
     pub(crate) lvtpc_masked_for: Option<VcpuId>,
     /// The policy this pCPU's state was last brought in line with.
     pub(crate) seen: PolicySnapshot,
+    /// A flush's copy of the guest's vendor area: the words the backend's layout uses, copied
+    /// once, verified, and wiped before the flush goes on (no guest data outlives it, and a
+    /// refused flush leaves this pCPU as it was). Kept here rather than on the stack, where it
+    /// would be zeroed whole (1 KiB) for every flush.
+    pub(crate) page_copy: VendorArea,
+    /// How many words of the vendor area the backend's layout uses (its `used_words`).
+    pub(crate) page_copy_words: usize,
     /// Where a sample's call chain is walked before it is copied into the page (the walk reads
     /// through the platform, which lends the page only afterwards). Kept here so that a sample
     /// does not clear a stack buffer first: only the entries the walk wrote are ever read.
@@ -253,7 +285,13 @@ pub struct PcpuPmu<C, H> {
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
-    pub(crate) fn new(index: u32, hw: H, seen: PolicySnapshot, system_ctx: C) -> Self {
+    pub(crate) fn new(
+        index: u32,
+        hw: H,
+        seen: PolicySnapshot,
+        page_copy_words: usize,
+        system_ctx: C,
+    ) -> Self {
         Self {
             index,
             hw,
@@ -263,6 +301,8 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
             system_ctx,
             lvtpc_masked_for: None,
             seen,
+            page_copy: VendorArea::default(),
+            page_copy_words,
             chain: [0; XENPMU_CALLCHAIN_MAX],
         }
     }

@@ -41,37 +41,45 @@ impl<B: PmuBackend> Vpmu<B> {
         vcpus: &T,
         next: Option<VcpuId>,
     ) -> Result<(), CoreError> {
-        self.catch_up_with_table(platform, pcpu, vcpus)?;
+        // One policy snapshot for the whole switch: the one this pCPU has caught up with.
+        let mut policy = self.policy();
+        if pcpu.seen.epoch != policy.epoch {
+            self.catch_up_changed(platform, pcpu, vcpus)?;
+            policy = self.policy();
+        }
         let prev = pcpu.current;
         if prev == next {
             return Ok(());
         }
-        let policy = self.policy();
         let here = pcpu.index;
-        let mut result = Ok(());
         if let Some(prev) = prev {
-            vcpus.with_vcpu(prev, &mut |v| {
-                v.running_on = None;
-                if v.state == (VcpuState::Loaded { pcpu: here }) {
-                    result = self.save_vcpu(pcpu, v).map(|_| ());
-                }
-                // A cached sample stops its vCPU's counters, so the physical LVTPC masked for
-                // it need not stay masked for whoever runs here next.
-                if pcpu.lvtpc_masked_for == Some(v.id) {
-                    self.unmask_physical_lvtpc(platform, pcpu);
-                }
-            });
+            vcpus
+                .visit(prev, |v| {
+                    v.running_on = None;
+                    let saved = if matches!(v.state, VcpuState::Loaded { pcpu } if pcpu == here) {
+                        self.save_loaded(pcpu, v).map(|_| ())
+                    } else {
+                        Ok(())
+                    };
+                    // A cached sample stops its vCPU's counters, so the physical LVTPC masked
+                    // for it need not stay masked for whoever runs here next.
+                    if pcpu.lvtpc_masked_for.is_some_and(|owner| owner == v.id) {
+                        self.unmask_physical_lvtpc(platform, pcpu);
+                    }
+                    saved
+                })
+                .unwrap_or(Ok(()))?;
         }
-        result?;
         pcpu.current = next;
-        if let Some(next) = next {
-            vcpus.with_vcpu(next, &mut |v| {
-                result = self.switch_in(platform, policy, pcpu, v);
-            });
+        match next {
+            Some(next) => vcpus
+                .visit(next, |v| self.switch_in(platform, policy, pcpu, v))
+                .unwrap_or(Ok(())),
+            None => Ok(()),
         }
-        result
     }
 
+    #[inline]
     fn switch_in<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
@@ -89,7 +97,9 @@ impl<B: PmuBackend> Vpmu<B> {
         }
         vcpu.running_on = Some(pcpu.index);
         self.settle(platform, policy, vcpu);
-        self.load_if_active(platform, policy, pcpu, vcpu)?;
+        if vcpu.state == VcpuState::Saved {
+            self.load_settled(platform, policy, pcpu, vcpu)?;
+        }
         self.deliver_pending(platform, pcpu, vcpu)?;
         Ok(())
     }
@@ -109,6 +119,16 @@ impl<B: PmuBackend> Vpmu<B> {
             }
             _ => return Ok(Overflow::default()),
         }
+        self.save_loaded(pcpu, vcpu)
+    }
+
+    /// `save_vcpu` for a vCPU the caller found loaded on `pcpu`.
+    #[inline]
+    fn save_loaded<H: MsrBus>(
+        &self,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<Overflow, CoreError> {
         let (mut bus, record) = pcpu.counted();
         let result = Self::save_on(&self.backend, &mut vcpu.ctx, &mut bus, record);
         vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
@@ -149,15 +169,30 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) -> Result<(), CoreError> {
+        // Only a mode that switches contexts loads one here; the callers settle otherwise.
         if !self.available || !policy.mode.switches_contexts() {
             return Ok(());
         }
         self.settle(platform, policy, vcpu);
-        if !self.backend.is_active(&vcpu.ctx) {
+        self.load_settled(platform, policy, pcpu, vcpu)
+    }
+
+    /// `load_if_active` for a saved vCPU that runs on `pcpu`, already settled with `policy`
+    /// (settling never leaves a saved context in another state).
+    #[inline]
+    fn load_settled<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        if !self.available || !policy.mode.switches_contexts() || !self.backend.is_active(&vcpu.ctx)
+        {
             return Ok(());
         }
         // A vCPU that counts again must get its PMIs, whatever a former sample of its masked.
-        if pcpu.lvtpc_masked_for == Some(vcpu.id) {
+        if pcpu.lvtpc_masked_for.is_some_and(|owner| owner == vcpu.id) {
             self.unmask_physical_lvtpc(platform, pcpu);
         }
         let (mut bus, record) = pcpu.counted();

@@ -1,29 +1,42 @@
-//! Deterministic cost of the core's hot paths: instructions retired by the core itself (the MSR
-//! bus, the software PMU model behind it and the platform excluded) per operation, counted by
-//! valgrind's callgrind, with the MSR accesses each operation made and heap allocations.
+//! Deterministic cost of the core's hot paths: instructions retired by the core itself per
+//! operation, counted by valgrind's callgrind, with the MSR accesses each operation made, the
+//! platform calls, and heap allocations.
 //!
 //! * `instructions table` runs every scenario of both vendors in its own process under
 //!   `valgrind --tool=callgrind` and prints a Markdown table, with two references per row: the
-//!   must-change minimum of MSR accesses and what Xen's VPMU does for the same scenario.
-//! * `instructions run VENDOR SCENARIO` is one such process: it sets the scenario up, runs the
-//!   operation once to warm up, then once more inside `vpmu_bench_measured`, the only function
-//!   callgrind collects in (`--collect-atstart=no --toggle-collect`). Collection is toggled off
-//!   again inside every access of the bus (`ExcludedBus`); the platform (the simulator's) is
-//!   counted with the core: it is a few map lookups and queue pushes.
+//!   must-change minimum of MSR accesses and what Xen's VPMU does for the same scenario. The
+//!   instructions are the core's alone: the MSR bus, the software PMU model, the platform and
+//!   the vCPU table (the integrator's parts) are excluded, and the calls into the platform
+//!   and the table are counted in their own column.
+//! * `instructions run VENDOR SCENARIO [--with-platform]` is one such process: it sets the
+//!   scenario up, runs the operation once to warm up, then once more inside
+//!   `vpmu_bench_measured`, the only function callgrind collects in (`--collect-atstart=no
+//!   --toggle-collect`); `harness.rs` says how the excluded parts are toggled out.
+//!   `--with-platform` counts the simulator's platform and vCPU table with the core (for
+//!   profiling the whole path by hand; the harness's per-call cost is then not calibrated).
 //! * `instructions trace VENDOR SCENARIO` prints the MSR accesses of the measured operation.
 //! * `instructions list` lists the scenarios.
 //!
-//! Instruction counts are deterministic for one binary: no timing is involved. `scripts/
-//! instructions.sh` installs valgrind and runs the table.
+//! Instruction counts are deterministic for one binary: no timing is involved. The harness's
+//! own instructions (the measuring call, the wrappers around each excluded call) are left
+//! out by their source lines (`harness_share`), and calibration runs that measure nothing but
+//! the harness check that they come out at 0. `scripts/instructions.sh` installs valgrind and
+//! runs the table.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod harness;
+
+use harness::{
+    CALLBACKS, Excluded, ExcludedPlatform, ExcludedTable, PLATFORM_CALLS, TRACING, count_platform,
+    vpmu_bench_measured,
+};
 use vpmu::abi::ops::Params;
 use vpmu::abi::{XENPMU_MODE_ALL, XENPMU_MODE_SELF, XENPMU_OP_FLUSH, XENPMU_OP_MODE_SET};
-use vpmu::{Interrupted, Msr, MsrAccessStats, MsrBus, MsrFault, PmiOutcome, VcpuId};
+use vpmu::{Interrupted, Msr, MsrBus, Platform, PmiOutcome, VcpuId, VcpuTable};
 use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 use vpmu_sim::helpers::{counting, sampling};
 use vpmu_sim::{Driver, Machine, SimVendor, amd_v2, intel_v5};
@@ -55,128 +68,6 @@ unsafe impl GlobalAlloc for CountingAllocator {
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-/// The PMU model of a pCPU behind a bus whose accesses callgrind does not collect while an
-/// operation is measured: each access then goes through `vpmu_bench_excluded`, entering and
-/// leaving which toggles collection (`--toggle-collect=*vpmu_bench_excluded*`), so the model's
-/// own instructions are left out of the core's count. Outside the measured operation the
-/// accesses go straight to the model (a toggle there would switch collection on). What remains
-/// counted per access is this wrapper's check and call, a handful of instructions.
-#[derive(Clone, Debug)]
-struct ExcludedBus<M>(M);
-
-/// Whether `vpmu_bench_measured` is running.
-static MEASURING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// One access of the model, not collected. Never inlined, and never a tail call into the model
-/// (callgrind takes a tail jump for leaving the function, which would switch collection back
-/// on for the model's instructions): the result goes through `black_box` after the call.
-#[inline(never)]
-fn vpmu_bench_excluded<R>(access: impl FnOnce() -> R) -> R {
-    std::hint::black_box(access())
-}
-
-/// `instructions trace`: print each access made while measuring.
-static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-fn trace(what: &str, msr: Msr, value: &Result<u64, MsrFault>) {
-    if TRACING.load(Ordering::Relaxed) && MEASURING.load(Ordering::Relaxed) {
-        eprintln!("  {what} {:#010x} {value:x?}", msr.0);
-    }
-}
-
-impl<M: MsrBus> MsrBus for ExcludedBus<M> {
-    fn read(&mut self, msr: Msr) -> Result<u64, MsrFault> {
-        if MEASURING.load(Ordering::Relaxed) {
-            vpmu_bench_excluded(|| {
-                let value = self.0.read(msr);
-                trace("RDMSR", msr, &value);
-                value
-            })
-        } else {
-            self.0.read(msr)
-        }
-    }
-
-    fn write(&mut self, msr: Msr, value: u64) -> Result<(), MsrFault> {
-        if MEASURING.load(Ordering::Relaxed) {
-            vpmu_bench_excluded(|| {
-                trace("WRMSR", msr, &Ok(value));
-                self.0.write(msr, value)
-            })
-        } else {
-            self.0.write(msr, value)
-        }
-    }
-}
-
-impl<M: SoftwarePmu> SoftwarePmu for ExcludedBus<M> {
-    fn count(&mut self, event: HwEvent, n: u64, mode: ExecMode) {
-        self.0.count(event, n, mode);
-    }
-
-    fn pmi_pending(&self) -> bool {
-        self.0.pmi_pending()
-    }
-
-    fn take_pmi(&mut self) -> bool {
-        self.0.take_pmi()
-    }
-
-    fn access_stats(&self) -> MsrAccessStats {
-        self.0.access_stats()
-    }
-
-    fn cycles_until_pmi(&self, mode: ExecMode) -> Option<u64> {
-        self.0.cycles_until_pmi(mode)
-    }
-}
-
-/// A vendor shape whose models sit behind `ExcludedBus`.
-#[derive(Clone, Debug)]
-struct Excluded<V>(V);
-
-impl<V: SimVendor> SimVendor for Excluded<V>
-where
-    V::Model: Clone,
-{
-    type Backend = V::Backend;
-    type Model = ExcludedBus<V::Model>;
-    type Raw = V::Raw;
-
-    fn name(&self) -> String {
-        self.0.name()
-    }
-
-    fn backend(&self) -> V::Backend {
-        self.0.backend()
-    }
-
-    fn model(&self) -> Self::Model {
-        ExcludedBus(self.0.model())
-    }
-
-    fn raw(model: &Self::Model) -> V::Raw {
-        V::raw(&model.0)
-    }
-
-    fn nothing_can_count(model: &Self::Model) -> bool {
-        V::nothing_can_count(&model.0)
-    }
-
-    fn driver(&self) -> Driver {
-        self.0.driver()
-    }
-}
-
-/// The one function callgrind collects in. Never inlined, so that its name is in the binary.
-#[inline(never)]
-fn vpmu_bench_measured<R>(operation: impl FnOnce() -> R) -> R {
-    MEASURING.store(true, Ordering::Relaxed);
-    let result = std::hint::black_box(operation());
-    MEASURING.store(false, Ordering::Relaxed);
-    result
-}
 
 /// Which run of a scenario's operation this is: only the second is measured (the first brings
 /// the caches of the core's own state, such as the per-pCPU hardware record, to steady state).
@@ -228,12 +119,20 @@ enum Scenario {
     /// Calibration: one RDMSR through the excluded bus and nothing else; what it costs above
     /// `CalibrateEmpty` is the bus wrapper's share, subtracted per MSR access.
     CalibrateAccess,
+    /// Calibration: one excluded platform call (`privileged_domain`); its cost above
+    /// `CalibrateEmpty` is subtracted per platform or vCPU-table call.
+    CalibratePlatformCall,
+    /// Calibration: one excluded vCPU-table visit with an empty callback; its cost above
+    /// `CalibratePlatformCall` is subtracted per callback into the core.
+    CalibrateCallback,
 }
 
 /// The calibration runs, not rows of the table.
-const CALIBRATIONS: [(&str, Scenario); 2] = [
+const CALIBRATIONS: [(&str, Scenario); 4] = [
     ("calibrate-empty", Scenario::CalibrateEmpty),
     ("calibrate-access", Scenario::CalibrateAccess),
+    ("calibrate-platform-call", Scenario::CalibratePlatformCall),
+    ("calibrate-callback", Scenario::CalibrateCallback),
 ];
 
 const SCENARIOS: [(&str, Scenario); 8] = [
@@ -257,6 +156,14 @@ struct Measured {
     counters_used: u32,
 }
 
+/// The crossings into the excluded platform and back made by the measured operation.
+fn crossings() -> (u64, u64) {
+    (
+        PLATFORM_CALLS.load(Ordering::Relaxed),
+        CALLBACKS.load(Ordering::Relaxed),
+    )
+}
+
 fn all_counters(driver: &Driver) -> Vec<u32> {
     driver.counters()
 }
@@ -268,14 +175,23 @@ where
     let excluded = Excluded(vendor);
     let driver = excluded.driver();
     match scenario {
-        Scenario::CalibrateEmpty | Scenario::CalibrateAccess => {
+        Scenario::CalibrateEmpty
+        | Scenario::CalibrateAccess
+        | Scenario::CalibratePlatformCall
+        | Scenario::CalibrateCallback => {
             let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
             let counter = Msr(driver.read_counter(0));
             let mut once = |pass: Pass| {
-                let hw = m.pcpus[0].hw_mut();
+                let (hw, platform, vcpus) = (
+                    m.pcpus[0].hw_mut(),
+                    &mut ExcludedPlatform(&mut m.platform),
+                    &ExcludedTable(&m.vcpus),
+                );
                 let mark = Mark::take(&*hw);
                 let read = pass.run(|| match scenario {
                     Scenario::CalibrateAccess => hw.read(counter).is_ok(),
+                    Scenario::CalibratePlatformCall => platform.privileged_domain() == 0,
+                    Scenario::CalibrateCallback => vcpus.with_vcpu(A, &mut |_| {}),
                     _ => true,
                 });
                 read.then(|| mark.since(&*hw))
@@ -297,7 +213,8 @@ where
             let once = |m: &mut Machine<Excluded<V>>, pass: Pass| {
                 m.platform.calling_pcpu = Some(0);
                 let cell = &m.vcpus.domains[1][0];
-                let (vpmu, platform, pcpu) = (&m.vpmu, &mut m.platform, &mut m.pcpus[0]);
+                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
+                let platform = &mut ExcludedPlatform(&mut m.platform);
                 let mut vcpu = cell.borrow_mut();
                 let mark = Mark::take(pcpu.hw());
                 let ok = pass.run(|| match scenario {
@@ -333,8 +250,11 @@ where
                 // Let A's counters move, so that a save has something new to read.
                 m.pcpus[0].hw_mut().count(HwEvent::Instructions, 10, KERNEL);
                 m.platform.calling_pcpu = Some(0);
-                let (vpmu, platform, pcpu, vcpus) =
-                    (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
+                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
+                let (platform, vcpus) = (
+                    &mut ExcludedPlatform(&mut m.platform),
+                    &ExcludedTable(&m.vcpus),
+                );
                 let mark = Mark::take(pcpu.hw());
                 let ok = pass.run(|| {
                     vpmu.context_switch(platform, pcpu, vcpus, Some(B)).is_ok()
@@ -363,8 +283,11 @@ where
                     return None;
                 }
                 m.platform.calling_pcpu = Some(0);
-                let (vpmu, platform, pcpu, vcpus) =
-                    (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
+                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
+                let (platform, vcpus) = (
+                    &mut ExcludedPlatform(&mut m.platform),
+                    &ExcludedTable(&m.vcpus),
+                );
                 let mark = Mark::take(pcpu.hw());
                 let outcome = pass.run(|| vpmu.handle_pmi(platform, pcpu, vcpus));
                 let cost = mark.since(pcpu.hw());
@@ -405,8 +328,11 @@ where
                     return None;
                 }
                 m.platform.calling_pcpu = Some(0);
-                let (vpmu, platform, pcpu, vcpus) =
-                    (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
+                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
+                let (platform, vcpus) = (
+                    &mut ExcludedPlatform(&mut m.platform),
+                    &ExcludedTable(&m.vcpus),
+                );
                 let mark = Mark::take(pcpu.hw());
                 let outcome = if scenario == Scenario::PmiSample {
                     pass.run(|| vpmu.handle_pmi(platform, pcpu, vcpus))
@@ -423,8 +349,11 @@ where
                 driver.edit_page(page, &[(0, setup.start_value())], 1, false);
                 m.platform.virqs.clear();
                 m.platform.calling_pcpu = Some(0);
-                let (vpmu, platform, pcpu, vcpus) =
-                    (&m.vpmu, &mut m.platform, &mut m.pcpus[0], &m.vcpus);
+                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
+                let (platform, vcpus) = (
+                    &mut ExcludedPlatform(&mut m.platform),
+                    &ExcludedTable(&m.vcpus),
+                );
                 let mut flush = |pcpu: &mut _| {
                     vpmu.control_op(
                         platform,
@@ -543,7 +472,9 @@ fn geometry(vendor: &str) -> Geometry {
 fn minimum(scenario: Scenario, k: u32) -> u32 {
     match scenario {
         Scenario::Wrmsr | Scenario::Rdmsr | Scenario::CalibrateAccess => 1,
-        Scenario::CalibrateEmpty => 0,
+        Scenario::CalibrateEmpty
+        | Scenario::CalibratePlatformCall
+        | Scenario::CalibrateCallback => 0,
         // Stop (global control), overflow status, read each used counter; re-enable.
         Scenario::SwitchPair(_) => k + 3,
         // Read the overflow status, acknowledge it.
@@ -563,7 +494,9 @@ fn xen(vendor: &str, scenario: Scenario) -> String {
     let intel = vendor.starts_with("intel");
     let n = match scenario {
         Scenario::Wrmsr | Scenario::Rdmsr | Scenario::CalibrateAccess => 1,
-        Scenario::CalibrateEmpty => 0,
+        Scenario::CalibrateEmpty
+        | Scenario::CalibratePlatformCall
+        | Scenario::CalibrateCallback => 0,
         // Intel: save reads F fixed + A (counter, event select) pairs; load writes them and
         // FIXED_CTR_CTRL (GLOBAL_CTRL travels in the VMCS). AMD: save stops every control and
         // reads every counter; load writes every counter and control.
@@ -582,8 +515,21 @@ fn xen(vendor: &str, scenario: Scenario) -> String {
     n.to_string()
 }
 
-/// Runs `vendor`/`scenario` in a child process under callgrind; its instruction total.
-fn callgrind(vendor: &str, scenario: &str) -> Result<(u64, String), String> {
+/// What callgrind counted in one measured run.
+struct Counts {
+    /// Every instruction collected.
+    total: u64,
+    /// The harness's own share of them (see `harness_share`).
+    harness: u64,
+}
+
+/// Runs `vendor`/`scenario` in a child process under callgrind; its instruction counts (with
+/// the platform's and the vCPU table's instructions if `with_platform`) and its report.
+fn callgrind(
+    vendor: &str,
+    scenario: &str,
+    with_platform: bool,
+) -> Result<(Counts, String), String> {
     let me = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
     let out = std::env::temp_dir().join(format!(
         "vpmu-callgrind-{}-{vendor}-{scenario}.out",
@@ -594,11 +540,13 @@ fn callgrind(vendor: &str, scenario: &str) -> Result<(u64, String), String> {
             "--tool=callgrind",
             "--collect-atstart=no",
             "--toggle-collect=*vpmu_bench_measured*",
-            "--toggle-collect=*vpmu_bench_excluded*",
+            "--toggle-collect=*vpmu_bench_off_*",
+            "--toggle-collect=*vpmu_bench_on_*",
         ])
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(&me)
         .args(["run", vendor, scenario])
+        .args(with_platform.then_some("--with-platform"))
         .output()
         .map_err(|e| format!("cannot run valgrind ({e}): scripts/instructions.sh installs it"))?;
     let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
@@ -610,7 +558,6 @@ fn callgrind(vendor: &str, scenario: &str) -> Result<(u64, String), String> {
         ));
     }
     let profile = std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let _ = std::fs::remove_file(&out);
     let total = profile
         .lines()
         .find_map(|l| {
@@ -618,8 +565,66 @@ fn callgrind(vendor: &str, scenario: &str) -> Result<(u64, String), String> {
                 .or_else(|| l.strip_prefix("summary:"))
         })
         .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| format!("{vendor} {scenario}: no totals in the callgrind output"))?;
-    Ok((total, stdout))
+        .ok_or_else(|| format!("{vendor} {scenario}: no totals in the callgrind output"));
+    let harness = harness_share(&out);
+    let _ = std::fs::remove_file(&out);
+    Ok((
+        Counts {
+            total: total?,
+            harness: harness.map_err(|e| format!("{vendor} {scenario}: {e}"))?,
+        },
+        stdout,
+    ))
+}
+
+/// The instructions of a callgrind profile that are the harness's, by where callgrind's debug
+/// information puts them (`callgrind_annotate`, one line per source file and function, inlined
+/// code under its own file): every line of this binary's own sources (`instructions/`), and
+/// the standard library's lines inlined into the harness's functions (`instructions::…`: its
+/// atomics and `Option`s). The core's code inlined into a harness closure stays the core's
+/// (its file is the core's), and so does everything the core calls (`memcpy` included).
+fn harness_share(profile: &std::path::Path) -> Result<u64, String> {
+    // callgrind_annotate prints paths under its working directory relative to it.
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let annotated = Command::new("callgrind_annotate")
+        .args(["--inclusive=no", "--threshold=100"])
+        .arg(profile)
+        .current_dir(here)
+        .output()
+        .map_err(|e| format!("cannot run callgrind_annotate ({e})"))?;
+    if !annotated.status.success() {
+        return Err(format!(
+            "callgrind_annotate: {}",
+            String::from_utf8_lossy(&annotated.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&annotated.stdout);
+    let own_sources = here.join("src/bin/instructions");
+    let mut harness = 0;
+    for line in text.lines() {
+        let line = line.trim_start();
+        let Some((count, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(count) = count.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        let Some((_, place)) = rest.split_once("%)") else {
+            continue;
+        };
+        let Some((file, function)) = place.trim().split_once(':') else {
+            continue;
+        };
+        let std_source = file.starts_with("/rustc/");
+        if here.join(file).starts_with(&own_sources)
+            || (std_source
+                && (function.starts_with("instructions::")
+                    || function.starts_with("<instructions::")))
+        {
+            harness += count;
+        }
+    }
+    Ok(harness)
 }
 
 fn field(report: &str, name: &str) -> Option<u64> {
@@ -628,43 +633,46 @@ fn field(report: &str, name: &str) -> Option<u64> {
         .find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
 }
 
-/// What the harness costs around a measured operation on `vendor`'s model: (fixed cost of
-/// `vpmu_bench_measured`, cost per MSR access of the excluded bus's wrapper). Both are
-/// measured, not assumed, and subtracted from every row.
-fn calibration(vendor: &str) -> Result<(u64, u64), String> {
-    let (empty, _) = callgrind(vendor, "calibrate-empty")?;
-    let (access, report) = callgrind(vendor, "calibrate-access")?;
-    if field(&report, "msr_accesses") != Some(1) {
-        return Err(format!(
-            "{vendor}: the access calibration made no single access"
-        ));
+/// The calibration runs measure nothing but the harness: each must come out at 0 core
+/// instructions, which checks `harness_share`'s attribution (an exclusion that leaked, or a
+/// harness line counted as the core's, shows here).
+fn check_calibration(vendor: &str) -> Result<(), String> {
+    for (name, _) in CALIBRATIONS {
+        let (counts, _) = callgrind(vendor, name, false)?;
+        if counts.total != counts.harness {
+            return Err(format!(
+                "{vendor} {name}: {} of {} instructions are not attributed to the harness",
+                counts.total - counts.harness,
+                counts.total
+            ));
+        }
     }
-    Ok((empty, access.saturating_sub(empty)))
+    Ok(())
 }
 
 fn table() -> Result<String, String> {
     let mut out = String::new();
-    let mut harness = Vec::new();
     for vendor in VENDORS {
-        harness.push(calibration(vendor)?);
+        check_calibration(vendor)?;
     }
     let _ = writeln!(
         out,
-        "| scenario | vendor | core instructions | MSR accesses | must-change minimum | Xen | heap allocations |"
+        "| scenario | vendor | core instructions | platform calls | MSR accesses | must-change minimum | Xen | heap allocations |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     for (name, scenario) in SCENARIOS {
-        for (vendor, &(fixed, per_access)) in VENDORS.iter().zip(&harness) {
-            let (total, report) = callgrind(vendor, name)?;
-            let accesses = field(&report, "msr_accesses").ok_or("no msr_accesses")?;
-            let allocations = field(&report, "allocations").ok_or("no allocations")?;
-            let k = field(&report, "counters").ok_or("no counters")? as u32;
-            let instructions = total
-                .checked_sub(fixed + accesses * per_access)
-                .ok_or_else(|| format!("{vendor} {name}: {total} is below the harness's cost"))?;
+        for vendor in VENDORS {
+            let (counts, report) = callgrind(vendor, name, false)?;
+            let number =
+                |key: &str| field(&report, key).ok_or_else(|| format!("{vendor} {name}: no {key}"));
+            let accesses = number("msr_accesses")?;
+            let allocations = number("allocations")?;
+            let k = number("counters")? as u32;
+            let calls = number("platform_calls")?;
+            let core = counts.total - counts.harness;
             let _ = writeln!(
                 out,
-                "| {name} | {vendor} | {instructions} | {accesses} | {} | {} | {allocations} |",
+                "| {name} | {vendor} | {core} | {calls} | {accesses} | {} | {} | {allocations} |",
                 minimum(scenario, k),
                 xen(vendor, scenario)
             );
@@ -672,13 +680,8 @@ fn table() -> Result<String, String> {
     }
     let _ = writeln!(
         out,
-        "\nHarness subtracted (measured): {}.",
-        VENDORS
-            .iter()
-            .zip(&harness)
-            .map(|(v, (fixed, per))| format!("{v} {fixed} per operation + {per} per MSR access"))
-            .collect::<Vec<_>>()
-            .join("; ")
+        "\nThe harness's own instructions are left out by source (its files and the standard \
+         library inlined into its functions); every calibration run measured 0 core instructions."
     );
     Ok(out)
 }
@@ -691,19 +694,26 @@ fn main() -> ExitCode {
             .iter()
             .map(|(n, _)| format!("{n}\n"))
             .collect::<String>()),
-        ["run", vendor, scenario] => run(vendor, scenario).map(|m| {
-            format!(
-                "msr_accesses={} allocations={} counters={}\n",
-                m.msr_accesses, m.allocations, m.counters_used
-            )
-        }),
+        ["run", vendor, scenario] | ["run", vendor, scenario, "--with-platform"] => {
+            if args.len() == 4 {
+                count_platform();
+            }
+            run(vendor, scenario).map(|m| {
+                let (calls, callbacks) = crossings();
+                format!(
+                    "msr_accesses={} allocations={} counters={} platform_calls={calls} \
+                     callbacks={callbacks}\n",
+                    m.msr_accesses, m.allocations, m.counters_used
+                )
+            })
+        }
         ["table"] => table(),
         ["trace", vendor, scenario] => {
             TRACING.store(true, Ordering::Relaxed);
             run(vendor, scenario).map(|m| format!("msr_accesses={}\n", m.msr_accesses))
         }
         _ => Err(
-            "usage: instructions list | run VENDOR SCENARIO | trace VENDOR SCENARIO | table".into(),
+            "usage: instructions list | run VENDOR SCENARIO [--with-platform] | trace VENDOR SCENARIO | table".into(),
         ),
     };
     match result {

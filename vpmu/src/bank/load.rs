@@ -1,0 +1,198 @@
+//! Loading a context's banks: compare with the pCPU's record first, write only what differs.
+
+use super::{BankMap, Controls, CounterBanks, HwRecord, MsrSeries, slots};
+use crate::backend::CounterSet;
+use crate::msr::{MsrBus, MsrFault};
+
+/// Loads the counters of `set` from `ctx` onto hardware `record` describes, on which nothing
+/// counts (the global control is 0, or every control is): every value the hardware is not
+/// known to hold first, then every control that differs from the record — the context's
+/// image for the counters of `set`, 0 for every other counter of `present` whose control is
+/// not known to be 0 (a stale control of another context must never count when this one
+/// enables that counter globally). Afterwards the values of `set` are unknown (they move)
+/// and the controls known. The vendor writes its global control last. A fault leaves
+/// `record` knowing nothing.
+#[inline]
+pub fn load<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
+    ctx: &C,
+    set: CounterSet,
+    present: CounterSet,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    let result = load_recorded(banks, ctx, set, present, hw, record);
+    if result.is_err() {
+        record.forget();
+    }
+    result
+}
+
+#[inline]
+fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+    banks: &[BankMap; N],
+    ctx: &C,
+    set: CounterSet,
+    present: CounterSet,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    // Each pass first asks whether the record already holds everything (a vCPU switched back
+    // in where it was saved, with nothing in between, writes nothing): one compare per
+    // counter without a bus call in the loop. Only otherwise does it go counter by counter.
+    for (bank, map) in banks.iter().enumerate() {
+        let own = map.indices(set).0;
+        if own == 0 {
+            continue;
+        }
+        let first = map.first_bit;
+        let values = ctx.values(bank);
+        // A counter without a slot in the context is never written.
+        let known = map.indices(CounterSet(record.values_known)).0;
+        if !held(
+            &record.values,
+            first,
+            own & slots(values.len()),
+            known,
+            values,
+        ) {
+            write_values(map, values, own, hw, record)?;
+        }
+        record.values_known &= !map.set(own).0;
+    }
+    for (bank, map) in banks.iter().enumerate() {
+        let own = map.indices(set).0;
+        let first = map.first_bit;
+        match map.controls {
+            Controls::PerCounter(series) => {
+                // A control another context left on a counter this one does not use must be
+                // 0: not known 0 means a write.
+                let stale = map.indices(present).0 & !map.indices(record.zero_controls()).0;
+                if own | stale == 0 {
+                    continue;
+                }
+                let images = ctx.hardware_controls(bank);
+                let known = map.indices(CounterSet(record.controls_known)).0;
+                // A counter without a slot in the context has the image 0.
+                if stale & !own != 0 || !held_or_zero(&record.controls, first, own, known, images) {
+                    write_controls(first, series, images, own, stale, hw, record)?;
+                }
+            }
+            Controls::Shared(msr) => {
+                let target = if own != 0 {
+                    ctx.hardware_controls(bank).first().map_or(0, |&c| c)
+                } else {
+                    0
+                };
+                if !record.knows_control(first, target) {
+                    hw.write(msr, target)?;
+                    record.set_control(first, Some(target));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The values of `own` the record does not know the hardware holds, written (out of line:
+/// the load's compare loops stay free of bus calls).
+#[cold]
+#[inline(never)]
+fn write_values<B: MsrBus>(
+    map: &BankMap,
+    values: &[u64],
+    own: u32,
+    hw: &mut B,
+    record: &HwRecord,
+) -> Result<(), MsrFault> {
+    let mut bits = own;
+    while bits != 0 {
+        let index = bits.trailing_zeros();
+        bits &= bits - 1;
+        if let Some(&value) = values.get(index as usize) {
+            if !record.knows_value(map.first_bit + index, value) {
+                map.write_counter(hw, index, value)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The controls of `own` (their images) and of `stale` (0) that the record does not know the
+/// hardware holds, written and recorded, lowest index first.
+#[cold]
+#[inline(never)]
+fn write_controls<B: MsrBus>(
+    first: u32,
+    series: MsrSeries,
+    images: &[u64],
+    own: u32,
+    stale: u32,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    let mut bits = own | stale;
+    while bits != 0 {
+        let index = bits.trailing_zeros();
+        bits &= bits - 1;
+        let target = if own >> index & 1 != 0 {
+            images.get(index as usize).map_or(0, |&c| c)
+        } else {
+            0
+        };
+        let bit = first + index;
+        if !record.knows_control(bit, target) {
+            hw.write(series.at(index), target)?;
+            record.set_control(bit, Some(target));
+        }
+    }
+    Ok(())
+}
+
+/// The 32 record positions of a bank whose counter 0 is at `first` (`None` if they do not fit,
+/// which no vendor's map has: the caller then takes the counter-by-counter path).
+#[inline]
+fn window(recorded: &[u64; 64], first: u32) -> Option<&[u64; 32]> {
+    recorded.get(first as usize..)?.get(..32)?.try_into().ok()
+}
+
+/// Whether every counter of `own` (each with a slot in `values`) is known (`known`, by index) to
+/// hold its value in `values` on the hardware.
+#[inline]
+fn held(recorded: &[u64; 64], first: u32, own: u32, known: u32, values: &[u64]) -> bool {
+    if own & !known != 0 {
+        return false;
+    }
+    let Some(window) = window(recorded, first) else {
+        return false;
+    };
+    let mut differ = 0u64;
+    let mut bits = own;
+    while bits != 0 {
+        let index = bits.trailing_zeros();
+        bits &= bits - 1;
+        differ |= values
+            .get(index as usize)
+            .map_or(0, |&v| v ^ window[(index & 31) as usize]);
+    }
+    differ == 0
+}
+
+/// As [`held`], for controls: a counter without a slot in `images` has the image 0.
+#[inline]
+fn held_or_zero(recorded: &[u64; 64], first: u32, own: u32, known: u32, images: &[u64]) -> bool {
+    if own & !known != 0 {
+        return false;
+    }
+    let Some(window) = window(recorded, first) else {
+        return false;
+    };
+    let mut differ = 0u64;
+    let mut bits = own;
+    while bits != 0 {
+        let index = bits.trailing_zeros();
+        bits &= bits - 1;
+        differ |= images.get(index as usize).map_or(0, |&c| c) ^ window[(index & 31) as usize];
+    }
+    differ == 0
+}
