@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use vpmu::abi::{Page, Regs};
 use vpmu::{
-    CrossCpuRequest, Diagnostic, EventFilter, Interrupted, LvtpcDelivery, MapError, Msr,
-    MsrAccessStats, MsrBus, MsrFault, PageSlot, Platform, SampledContext, VcpuId, VcpuPmu,
+    CrossCpuRequest, Diagnostic, EventFilter, Interrupted, Interruption, LvtpcDelivery, MapError,
+    Msr, MsrAccessStats, MsrBus, MsrFault, PageSlot, Platform, SampledContext, VcpuId, VcpuPmu,
     VcpuTable,
 };
 use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
@@ -289,6 +289,10 @@ impl Platform for ExcludedPlatform<'_> {
 
     fn interrupted(&self, pcpu: u32) -> Interrupted {
         platform_call(|| self.0.interrupted(pcpu))
+    }
+
+    fn interruption(&self, pcpu: u32) -> Interruption {
+        platform_call(|| self.0.interruption(pcpu))
     }
 
     fn resume_regs(&self, vcpu: VcpuId) -> Option<Regs> {
