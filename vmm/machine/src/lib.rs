@@ -36,7 +36,6 @@
 //! thread and pCPU), `exit` (copying exits out of `kvm_run`, MSR and hypercall handling),
 //! `precise` and `timed` (the two event sources).
 
-use std::cell::Cell;
 use std::fmt::Write as _;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,7 +53,8 @@ use crate::personality::Personality;
 pub use vpmu_models::shapes::Shape;
 
 use exit::MsrHandler;
-use platform::{Host, PlatformState};
+use host::Host;
+use platform::PlatformState;
 pub use platform::{PmiContext, VmmActivity};
 use runner::{Rendezvous, Runner};
 
@@ -62,14 +62,17 @@ pub mod boot;
 pub mod error;
 mod exit;
 mod halt;
+mod host;
 pub mod kick;
 pub mod kvm;
+mod layout;
 pub mod loader;
 pub mod personality;
 mod platform;
 pub mod port;
 mod precise;
 mod rdpmc;
+mod results;
 mod runner;
 mod sched;
 pub mod symbols;
@@ -85,139 +88,9 @@ pub const VIRQ_VECTOR: u8 = 0x41;
 /// Stack per vCPU.
 const STACK_SIZE: u64 = 0x1_0000;
 
-/// What one vCPU's run produced.
-#[derive(Clone, Debug, Default)]
-pub struct RunResult {
-    /// The exit status the guest wrote (None: stopped by the VMM).
-    pub status: Option<u32>,
-    /// Console output.
-    pub console: String,
-    /// Single-step exits.
-    pub steps: u64,
-    /// MSR exits.
-    pub msr_exits: u64,
-    /// PMIs delivered through the LVTPC.
-    pub pmis: u64,
-    /// Wall time.
-    pub elapsed: Duration,
-    /// Why the run failed, if it did.
-    pub error: Option<String>,
-    /// MSR exits and the handler time (ns) spent in them, by handler: `[vpmu, null]`.
-    pub msr_exit_ns: [(u64, u64); 2],
-    /// Exits and the total user-space time (ns) between `KVM_RUN`s.
-    pub user_time: (u64, u64),
-    /// Kicks out of `KVM_RUN` (timed overflows, slice ends, the watchdog, other pCPUs'
-    /// requests).
-    pub kicks: u64,
-    /// The interrupted context of each PMI delivered through the LVTPC (the first 65536).
-    pub pmi_contexts: Vec<PmiContext>,
-    /// The VMM's own record of every PMI the core handled on this vCPU's pCPU, in order: what
-    /// ran there and was interrupted, and the outcome (shared layouts: every pCPU's record, pCPU
-    /// by pCPU, in the first result; a vCPU's PMIs all come from its one pCPU).
-    pub pmi_log: Vec<PmiRecord>,
-    /// The core's statistics of this vCPU at the end of the run.
-    pub stats: Option<vpmu::VcpuStats>,
-    /// The VMM stopped this vCPU before it wrote an exit status (shared pCPU, `finish_with`).
-    pub stopped: bool,
-    /// Which vCPU this is (None only in a result made before its vCPU existed).
-    pub vcpu: Option<VcpuId>,
-    /// Nanoseconds this vCPU spent in `KVM_RUN`, not halted (timed source: its CPU time).
-    pub guest_ns: u128,
-    /// Nanoseconds it spent halted inside `KVM_RUN` (timed source, where KVM's statistics
-    /// tell: `halt::HaltClock`); no cycles are counted for them.
-    pub halted_ns: u128,
-    /// Guest memory copied after the run (`Machine::peek_after_run`): (GPA, bytes).
-    pub peeked: Vec<(u64, Vec<u8>)>,
-    /// Locks taken over the MSR exits answered by the vpmu, each from the exit to the next
-    /// entry or to the end of the vCPU's slice (`msr_exit_ns[0].0` exits).
-    pub msr_exit_locks: LockCount,
-}
-
-/// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the
-/// core's routing), where it was interrupted, and the core's outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PmiRecord {
-    /// The vCPU the VMM was running when the PMI was raised.
-    pub running: VcpuId,
-    /// The VMM itself was interrupted, serving `running` (hv mode).
-    pub hypervisor: bool,
-    /// The interrupted registers the core was given (`Platform::interrupted`: sync regs at
-    /// the exit that raised the PMI, or the VMM activity's if `hypervisor`).
-    pub regs: vpmu::abi::Regs,
-    /// The pCPU whose PMI it was.
-    pub pcpu: u32,
-    /// `Some(receiver)` if the core delivered it (LVTPC or a page sample), `None` otherwise.
-    pub delivered_to: Option<VcpuId>,
-    /// The core routed it but dropped it (`PmiOutcome::Dropped`).
-    pub dropped: bool,
-}
-
-/// Lock acquisitions by the calling thread (`locks_taken`): the goal of the SMP design is no
-/// shared lock on a guest's MSR exit (`RunResult::msr_exit_locks`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LockCount {
-    /// Locks other than a vCPU's own: the VMM's shared structures (a queued LVTPC delivery,
-    /// the pCPU handover at a migration, the rendezvous).
-    pub shared: u64,
-    /// Per-vCPU locks (`VcpuTable::with_vcpu`, the vCPU at hand of an intercept).
-    pub vcpu: u64,
-}
-
-impl std::ops::Add for LockCount {
-    type Output = LockCount;
-
-    fn add(self, other: LockCount) -> LockCount {
-        LockCount {
-            shared: self.shared + other.shared,
-            vcpu: self.vcpu + other.vcpu,
-        }
-    }
-}
-
-impl std::ops::Sub for LockCount {
-    type Output = LockCount;
-
-    fn sub(self, other: LockCount) -> LockCount {
-        LockCount {
-            shared: self.shared - other.shared,
-            vcpu: self.vcpu - other.vcpu,
-        }
-    }
-}
-
-thread_local! {
-    static LOCKS: Cell<LockCount> = const { Cell::new(LockCount { shared: 0, vcpu: 0 }) };
-}
-
-/// The calling thread's lock acquisitions so far.
-fn locks_taken() -> LockCount {
-    LOCKS.with(Cell::get)
-}
-
-/// Locks one vCPU's state (counted as a per-vCPU lock).
-fn lock_vcpu<T>(lock: &Mutex<T>) -> MutexGuard<'_, T> {
-    LOCKS.with(|l| {
-        let mut n = l.get();
-        n.vcpu += 1;
-        l.set(n);
-    });
-    lock.lock().expect("a vCPU lock (its holder panicked)")
-}
-
-/// Locks a structure several pCPU threads share (counted as a shared lock).
-fn lock_shared<T>(lock: &Mutex<T>) -> MutexGuard<'_, T> {
-    count_shared_lock();
-    lock.lock()
-        .expect("a shared VMM lock (its holder panicked)")
-}
-
-fn count_shared_lock() {
-    LOCKS.with(|l| {
-        let mut n = l.get();
-        n.shared += 1;
-        l.set(n);
-    });
-}
+pub use layout::Layout;
+pub use results::{LockCount, PmiRecord, RunResult};
+pub(crate) use results::{count_shared_lock, lock_shared, lock_vcpu, locks_taken};
 
 /// Where each vCPU's state is in the per-vCPU arrays: vCPUs in creation order, domain by
 /// domain, so vCPU `v` of domain `d` is at `first[d] + v`.
@@ -361,77 +234,6 @@ pub trait GuestPorts: Send + Sync {
     /// accesses land (`vpmu-ring0`). The default ignores it.
     fn msr(&self, access: PortAccess<'_>, msr: u32, write: Option<u64>) {
         let _ = (access, msr, write);
-    }
-}
-
-/// How the vCPUs of a run map to domains, host threads and pCPUs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// One domain (the privileged one) with `n` vCPUs, each on its own host thread, which is
-    /// its own pCPU. vCPU `i` is entered with RSI = `i`.
-    ThreadPerVcpu(u32),
-    /// `n` domains (domain 0 privileged), one VM of one vCPU each, all time-sliced on ONE
-    /// host thread, which is one pCPU: `Vpmu::context_switch` at every switch. The vCPU of
-    /// domain `d` is entered with RSI = `d`.
-    SharedPcpu(u32),
-    /// The whole machine: `pcpus` host threads, each one pCPU that time-slices its vCPUs as
-    /// `SharedPcpu` does. The privileged domain has one vCPU per pCPU (vCPU `p` on pCPU `p`:
-    /// in all mode it profiles that pCPU); every other domain has `vcpus` vCPUs, vCPU `i` on
-    /// pCPU `i mod pcpus`. vCPU `i` of domain `d` is entered with RSI = `d` (its LAPIC ID is
-    /// `i`).
-    SharedPcpus {
-        /// pCPUs (host threads).
-        pcpus: u32,
-        /// Domains, the privileged one included.
-        domains: u32,
-        /// vCPUs of each unprivileged domain.
-        vcpus: u32,
-    },
-}
-
-impl Layout {
-    /// vCPUs of each domain, and the pCPUs, of this layout.
-    fn shape(self) -> (Vec<u32>, u32) {
-        match self {
-            Layout::ThreadPerVcpu(n) => (vec![n], n),
-            Layout::SharedPcpu(n) => (vec![1; n as usize], 1),
-            Layout::SharedPcpus {
-                pcpus,
-                domains,
-                vcpus,
-            } => (
-                (0..domains)
-                    .map(|d| if d == 0 { pcpus } else { vcpus })
-                    .collect(),
-                pcpus,
-            ),
-        }
-    }
-
-    /// The pCPU a vCPU runs on in a shared layout (it never moves).
-    fn home_pcpu(self, vcpu: VcpuId) -> u32 {
-        match self {
-            Layout::SharedPcpus { pcpus, .. } => vcpu.vcpu % pcpus.max(1),
-            _ => 0,
-        }
-    }
-
-    fn shared(self) -> bool {
-        !matches!(self, Layout::ThreadPerVcpu(_))
-    }
-
-    /// Refuses a layout with a domain id the ABI reserves (`XENPMU_DOMID_FIRST_RESERVED` and
-    /// up): a sample naming such a domain would read as `XENPMU_DOMID_SELF` or
-    /// `XENPMU_DOMID_HYPERVISOR`.
-    fn check_domains(self) -> Result<()> {
-        let (counts, _) = self.shape();
-        let first_reserved = vpmu::abi::XENPMU_DOMID_FIRST_RESERVED;
-        if counts.len() > first_reserved as usize {
-            return Err(MachineError::ReservedDomain {
-                domain: first_reserved,
-            });
-        }
-        Ok(())
     }
 }
 

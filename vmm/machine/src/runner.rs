@@ -9,7 +9,8 @@ use vpmu::{CoreError, CrossCpuRequest, PcpuPmu, PmiOutcome, SystemContext, VcpuI
 use vpmu_models::{ExecMode, SoftwarePmu};
 
 use super::exit::{Exit, MsrHandler};
-use super::platform::{Host, KvmPlatform, PlatformState, VmmActivity, paging_of, regs_of};
+use super::host::Host;
+use super::platform::{KvmPlatform, PlatformState, VmmActivity, paging_of, regs_of};
 use super::{
     Ctx, LockCount, Pcpu, PmiRecord, RunResult, Shared, count_shared_lock, lock_shared, locks_taken,
 };

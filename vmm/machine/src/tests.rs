@@ -135,7 +135,8 @@ fn reserved_domain_ids_are_refused() {
 #[test]
 fn discarded_deliveries_leave_the_queue() {
     use crate::personality::Personality;
-    use platform::{PmiContext, QueuedPmi};
+    use host::QueuedPmi;
+    use platform::PmiContext;
     let p = Intel::v5(Source::Precise);
     let counts = [1u32, 2];
     let index = VcpuIndex::new(&counts);
