@@ -21,6 +21,7 @@ use kvm_bindings::kvm_run;
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
 use crate::error::MachineError;
+use crate::host::Host;
 
 thread_local! {
     /// This thread's vCPU `kvm_run` page (null on threads without a vCPU).
@@ -173,5 +174,48 @@ impl Drop for Kick {
         // SAFETY: the timer was created by `new` and is deleted once.
         unsafe { libc::timer_delete(self.timer) };
         KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+    }
+}
+
+/// The kicker of a pCPU thread, also registered as the kick target of the pCPU the thread is
+/// (`Host::mailboxes`), so that requests from other pCPUs bring it out of `KVM_RUN`.
+pub(crate) struct ThreadKick<'h> {
+    kick: Kick,
+    host: &'h Host,
+}
+
+impl<'h> ThreadKick<'h> {
+    pub(crate) fn new(run: *mut kvm_run, host: &'h Host) -> crate::error::Result<Self> {
+        Ok(Self {
+            kick: Kick::new(run)?,
+            host,
+        })
+    }
+
+    /// This thread is now pCPU `pcpu`.
+    pub(crate) fn register(&self, pcpu: u32) {
+        if let Some(m) = self.host.mailboxes.get(pcpu as usize) {
+            m.kick.register(&self.kick);
+        }
+    }
+
+    /// This thread is no longer pCPU `pcpu`.
+    pub(crate) fn unregister(&self, pcpu: u32) {
+        if let Some(m) = self.host.mailboxes.get(pcpu as usize) {
+            m.kick.unregister();
+        }
+    }
+
+    pub(crate) fn kick(&self) -> &Kick {
+        &self.kick
+    }
+}
+
+impl Drop for ThreadKick<'_> {
+    fn drop(&mut self) {
+        // Before the thread can end: no kick may target it afterwards.
+        for m in &self.host.mailboxes {
+            m.kick.unregister();
+        }
     }
 }

@@ -56,7 +56,8 @@ use exit::MsrHandler;
 use host::Host;
 use platform::PlatformState;
 pub use platform::{PmiContext, VmmActivity};
-use runner::{Rendezvous, Runner};
+use rendezvous::Rendezvous;
+use runner::Runner;
 
 pub mod boot;
 pub mod error;
@@ -72,6 +73,7 @@ mod platform;
 pub mod port;
 mod precise;
 mod rdpmc;
+mod rendezvous;
 mod results;
 mod runner;
 mod sched;

@@ -1,26 +1,24 @@
 //! One vCPU thread: the run loop (requests, entry, exit dispatch, PMI check) and migrations.
 
 use std::sync::mpsc::Receiver;
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_run, kvm_sync_regs};
+use kvm_bindings::kvm_sync_regs;
 use vpmu::{CoreError, CrossCpuRequest, PcpuPmu, PmiOutcome, SystemContext, VcpuId};
 use vpmu_models::{ExecMode, SoftwarePmu};
 
 use super::exit::{Exit, MsrHandler};
-use super::host::Host;
 use super::platform::{KvmPlatform, PlatformState, VmmActivity, paging_of, regs_of};
-use super::{
-    Ctx, LockCount, Pcpu, PmiRecord, RunResult, Shared, count_shared_lock, lock_shared, locks_taken,
-};
+use super::{Ctx, LockCount, Pcpu, PmiRecord, RunResult, Shared, lock_shared, locks_taken};
 use super::{GuestPorts, PortAccess};
 use crate::error::{MachineError, Result};
 use crate::halt::HaltClock;
-use crate::kick::Kick;
+use crate::kick::ThreadKick;
 use crate::kvm::{GuestDebug, Vcpu, Vm};
 use crate::personality::{Personality, Source};
 use crate::port;
+use crate::rendezvous::{RENDEZVOUS_TIMEOUT, Rendezvous};
+use crate::sched::{Slice, thread_cpu_time};
 
 /// One vCPU and the pCPU it runs on: on its own thread (`run`), or time-sliced with others
 /// on one thread that is one pCPU (`super::sched`).
@@ -85,122 +83,9 @@ pub(super) struct Parts<'r, P: Personality> {
     pub(super) shared: &'r Shared<P>,
 }
 
-/// The kicker of a pCPU thread, also registered as the kick target of the pCPU the thread is
-/// (`Host::mailboxes`), so that requests from other pCPUs bring it out of `KVM_RUN`.
-pub(super) struct ThreadKick<'h> {
-    kick: Kick,
-    host: &'h Host,
-}
-
-impl<'h> ThreadKick<'h> {
-    pub(super) fn new(run: *mut kvm_run, host: &'h Host) -> Result<Self> {
-        Ok(Self {
-            kick: Kick::new(run)?,
-            host,
-        })
-    }
-
-    /// This thread is now pCPU `pcpu`.
-    pub(super) fn register(&self, pcpu: u32) {
-        if let Some(m) = self.host.mailboxes.get(pcpu as usize) {
-            m.kick.register(&self.kick);
-        }
-    }
-
-    /// This thread is no longer pCPU `pcpu`.
-    pub(super) fn unregister(&self, pcpu: u32) {
-        if let Some(m) = self.host.mailboxes.get(pcpu as usize) {
-            m.kick.unregister();
-        }
-    }
-
-    pub(super) fn kick(&self) -> &Kick {
-        &self.kick
-    }
-}
-
-impl Drop for ThreadKick<'_> {
-    fn drop(&mut self) {
-        // Before the thread can end: no kick may target it afterwards.
-        for m in &self.host.mailboxes {
-            m.kick.unregister();
-        }
-    }
-}
-
 /// At most this many PMIs are kept in the VMM's record (`RunResult::pmi_log`): a minute of
 /// sampling at 10 kHz fits.
 const MAX_PMI_LOG: usize = 1 << 20;
-
-/// Timed mode on a shared pCPU: the longest slice.
-pub(super) const SLICE_TIME: Duration = Duration::from_millis(1);
-
-/// A time slice of a vCPU on a shared pCPU: at most `exits` exits and, with the timed source,
-/// at most `time` (a CPL3 workload may run without exits for as long as no counter is about to
-/// overflow).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Slice {
-    pub(super) exits: u64,
-    pub(super) time: Duration,
-}
-
-/// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`; guest execution inside
-/// `KVM_RUN` is the thread's), zero if the clock cannot be read.
-pub(super) fn thread_cpu_time() -> Duration {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec for the call to fill.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut t) } != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
-
-/// How long a vCPU waits for the others at a migration before giving up.
-const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A reusable barrier that gives up after a timeout (a vCPU that died never arrives).
-pub(super) struct Rendezvous {
-    count: usize,
-    /// Generation and arrivals in it.
-    state: Mutex<(u64, usize)>,
-    all_arrived: Condvar,
-}
-
-impl Rendezvous {
-    pub(super) fn new(count: usize) -> Self {
-        Self {
-            count,
-            state: Mutex::new((0, 0)),
-            all_arrived: Condvar::new(),
-        }
-    }
-
-    pub(super) fn wait(&self, timeout: Duration) -> Result<()> {
-        let poisoned = |_| MachineError::Rendezvous("rendezvous lock poisoned");
-        count_shared_lock();
-        let mut state = self.state.lock().map_err(poisoned)?;
-        let generation = state.0;
-        state.1 += 1;
-        if state.1 == self.count {
-            *state = (generation + 1, 0);
-            self.all_arrived.notify_all();
-            return Ok(());
-        }
-        let (state, _) = self
-            .all_arrived
-            .wait_timeout_while(state, timeout, |s| s.0 == generation)
-            .map_err(|_| MachineError::Rendezvous("rendezvous lock poisoned"))?;
-        if state.0 == generation {
-            return Err(MachineError::Rendezvous(
-                "another vCPU never reached the rendezvous",
-            ));
-        }
-        Ok(())
-    }
-}
 
 impl<'a, P: Personality> Runner<'a, P> {
     /// This runner's view for a call into the core. Panics if it does not hold its pCPU: the

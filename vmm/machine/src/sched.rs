@@ -9,14 +9,41 @@ use std::time::{Duration, Instant};
 
 use vpmu::SystemContext;
 
-use super::runner::{Runner, SLICE_TIME, Slice, ThreadKick};
+use super::runner::Runner;
 use super::{Pcpu, PmiRecord, RunResult};
 use crate::error::MachineError;
+use crate::kick::ThreadKick;
 use crate::personality::Personality;
 
 /// Exits per time slice: small, so that the switches land inside the measured loops (a
 /// single-stepped instruction is one exit).
 pub(super) const SLICE_EXITS: u64 = 7;
+
+/// Timed mode on a shared pCPU: the longest slice.
+pub(crate) const SLICE_TIME: Duration = Duration::from_millis(1);
+
+/// A time slice of a vCPU on a shared pCPU: at most `exits` exits and, with the timed source,
+/// at most `time` (a CPL3 workload may run without exits for as long as no counter is about to
+/// overflow).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slice {
+    pub(crate) exits: u64,
+    pub(crate) time: Duration,
+}
+
+/// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`; guest execution inside
+/// `KVM_RUN` is the thread's), zero if the clock cannot be read.
+pub(crate) fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut t) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
 
 /// A whole slice.
 const FULL_SLICE: Slice = Slice {
