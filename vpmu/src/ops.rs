@@ -10,7 +10,7 @@ use vpmu_abi::writer::{
 use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 
 use crate::backend::{ContextError, PmuBackend};
-use crate::core::{Mode, VcpuTable, Vpmu};
+use crate::core::{Mode, PolicySnapshot, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
 use crate::platform::{Diagnostic, MapError, Platform, VcpuId};
 use crate::request::{ChangeRefused, Completion, CrossCpuRequest};
@@ -391,23 +391,79 @@ impl<B: PmuBackend> Vpmu<B> {
             SystemContext::Cached { profiler } => Some(profiler),
             _ => None,
         };
-        let saved = match from {
-            // The sampled pCPU's context as saved at the sample (kept with the sample: that
-            // pCPU's state is not ours to read).
-            SampleSource::System { .. } => vcpu.sampled.as_ref(),
-            SampleSource::Own { .. } => Some(&vcpu.ctx),
-        };
-        let mut ctx = self.backend.new_context();
-        let verified = saved.map(|saved| {
-            self.backend
-                .context_from_page_into(&pcpu.page_copy, saved, &guest, &mut ctx)
-        });
-        // No guest data outlives the flush, and a refused one leaves the pCPU as it was.
-        clear_vendor_words(&mut pcpu.page_copy, words);
-        let verified = verified.ok_or(OpError::InvalidArgument)?;
-        Self::accepted(platform, vcpu.id, verified)?;
+        match (from, cached) {
+            (SampleSource::System { pcpu: p }, Some(profiler)) if p == pcpu.index => {
+                // The sampled pCPU's own flush verifies straight into its system-wide
+                // context, the one the sample stopped (only a flush loads it while it is
+                // cached): on a refusal it is unchanged.
+                let verified = vcpu.sampled.as_ref().map(|saved| {
+                    self.backend.context_from_page_into(
+                        &pcpu.page_copy,
+                        saved,
+                        &guest,
+                        &mut pcpu.system_ctx,
+                    )
+                });
+                // No guest data outlives the flush, and a refused one leaves the pCPU as it
+                // was.
+                clear_vendor_words(&mut pcpu.page_copy, words);
+                let verified = verified.ok_or(OpError::InvalidArgument)?;
+                Self::accepted(platform, vcpu.id, verified)?;
+                let ctx = &pcpu.system_ctx;
+                if Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record).is_err() {
+                    // The sample stays cached: its context goes back to the one saved at
+                    // the sample, which the cached window's reads answer from.
+                    if let Some(saved) = vcpu.sampled.as_ref() {
+                        pcpu.system_ctx.clone_from(saved);
+                    }
+                    return Err(OpError::InvalidContext);
+                }
+                pcpu.system = SystemContext::Loaded { profiler };
+                vcpu.state = VcpuState::Saved;
+                vcpu.sampled = None;
+                self.unmask_physical_lvtpc(platform, pcpu);
+            }
+            _ => {
+                let saved = match from {
+                    // The sampled pCPU's context as saved at the sample (kept with the
+                    // sample: that pCPU's state is not ours to read).
+                    SampleSource::System { .. } => vcpu.sampled.as_ref(),
+                    SampleSource::Own { .. } => Some(&vcpu.ctx),
+                };
+                let mut ctx = self.backend.new_context();
+                let verified = saved.map(|saved| {
+                    self.backend
+                        .context_from_page_into(&pcpu.page_copy, saved, &guest, &mut ctx)
+                });
+                // No guest data outlives the flush, and a refused one leaves the pCPU as it
+                // was.
+                clear_vendor_words(&mut pcpu.page_copy, words);
+                let verified = verified.ok_or(OpError::InvalidArgument)?;
+                Self::accepted(platform, vcpu.id, verified)?;
+                self.place_flushed(platform, policy, pcpu, vcpu, from, cached, ctx)?;
+            }
+        }
+        vcpu.page_lvtpc_masked = guest_lvtpc_masked(lvtpc);
+        platform.with_page(page.slot, clear_cached);
+        Ok(())
+    }
+
+    /// The end of a flush that verified into a fresh context `ctx`: it moves into place (a
+    /// vCPU's own context, or a system-wide one handed over to the pCPU it was sampled on).
+    #[allow(clippy::too_many_arguments)]
+    fn place_flushed<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        policy: PolicySnapshot,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+        from: SampleSource,
+        cached: Option<VcpuId>,
+        ctx: B::Context,
+    ) -> Result<(), OpError> {
         match from {
             SampleSource::System { pcpu: p } if p == pcpu.index => {
+                // Sampled here, but this pCPU's context is not cached (any more).
                 let Some(profiler) = cached else {
                     return Err(OpError::InvalidArgument);
                 };
@@ -435,8 +491,6 @@ impl<B: PmuBackend> Vpmu<B> {
                     .map_err(|_| OpError::InvalidContext)?;
             }
         }
-        vcpu.page_lvtpc_masked = guest_lvtpc_masked(lvtpc);
-        platform.with_page(page.slot, clear_cached);
         Ok(())
     }
 

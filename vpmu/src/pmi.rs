@@ -358,66 +358,86 @@ impl<B: PmuBackend> Vpmu<B> {
         let SystemContext::Loaded { profiler } = pcpu.system else {
             return Ok(PmiOutcome::Spurious);
         };
-        let overflow = self
-            .backend
-            .handle_overflow(&mut pcpu.system_ctx, &mut pcpu.hw)?;
-        if overflow.counters.is_empty() {
-            return Ok(PmiOutcome::Spurious);
-        }
-        if !overflow.interrupt {
-            return Ok(PmiOutcome::NoInterrupt(overflow));
-        }
         let mut result = Ok(PmiOutcome::Spurious);
         vcpus.with_vcpu(profiler, &mut |p| {
-            result = self.publish_system(platform, pcpu, p, overflow);
+            result = self.system_sample(platform, pcpu, p);
         });
         result
     }
 
-    fn publish_system<P: Platform, H: MsrBus>(
-        &self,
-        platform: &mut P,
-        pcpu: &mut PcpuPmu<B::Context, H>,
-        profiler: &mut VcpuPmu<B::Context>,
-        overflow: Overflow,
-    ) -> Result<PmiOutcome, CoreError> {
-        profiler.stats.pmis_generated += 1;
+    /// Why a system-wide PMI would not be published into `profiler`'s page, as far as the
+    /// profiler's state tells (the sampled domain is checked once the interrupted state is
+    /// read). Judged before the hardware is touched: only a sample that will be published
+    /// stops the counters (its save then reads the overflow status once, after the stop);
+    /// any other PMI leaves them running and only collects the overflow.
+    fn system_drop(&self, profiler: &VcpuPmu<B::Context>) -> Option<Dropped> {
         // This pCPU took the interrupt under all mode, but the profiler may have been brought
         // in line with a newer mode meanwhile (this pCPU's catch-up is still on its way): its
         // own context may then be loaded on the pCPU it runs on, and a sample would mark it
         // cached, leaving that context on the hardware with nobody to save it. Leaving all
         // mode discards the system-wide samples; under the profiler's lock the policy read
         // here orders this against its settle.
-        if self.policy().mode != Mode::All || matches!(profiler.state, VcpuState::Loaded { .. }) {
-            return Ok(self.account(profiler, false, overflow));
-        }
-        let masked = profiler.page_lvtpc_masked;
-        let Some(page) = profiler.page.as_mut() else {
-            return Ok(self.account(profiler, false, overflow));
-        };
-        page.samples += 1;
-        let page = *page;
-        if masked {
-            return Ok(self.account(profiler, false, overflow));
-        }
-        if matches!(profiler.state, VcpuState::Cached { .. }) || profiler.handover.is_some() {
+        if self.policy().mode != Mode::All
+            || matches!(profiler.state, VcpuState::Loaded { .. })
+            || profiler.page.is_none()
+        {
+            Some(Dropped::Unnumbered)
+        } else if profiler.page_lvtpc_masked {
+            Some(Dropped::Numbered)
+        } else if matches!(profiler.state, VcpuState::Cached { .. }) || profiler.handover.is_some()
+        {
             // Never overwrite an unconsumed sample (nor one whose flush is still on its way).
-            platform.with_page(page.slot, record_dropped_sample);
-            platform.diagnostic(Diagnostic::SampleDropped { vcpu: profiler.id });
-            return Ok(self.account(profiler, false, overflow));
+            Some(Dropped::Recorded)
+        } else {
+            None
         }
-        let here = pcpu.index;
-        let interrupted = platform.interrupted(here);
+    }
+
+    /// A system-wide PMI of `pcpu`, under `profiler`'s lock.
+    fn system_sample<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        profiler: &mut VcpuPmu<B::Context>,
+    ) -> Result<PmiOutcome, CoreError> {
+        if let Some(dropped) = self.system_drop(profiler) {
+            return self.system_unpublished(platform, pcpu, profiler, dropped);
+        }
+        let interrupted = platform.interrupted(pcpu.index);
         if let Interrupted::Guest { vcpu, .. } = interrupted {
             if vcpu.domain >= XENPMU_DOMID_FIRST_RESERVED {
                 // An integrator's domain id in the reserved range would read as DOMID_SELF,
                 // DOMID_HYPERVISOR or a future special id: a sample that cannot be attributed
                 // honestly is dropped, never published under a false identity.
-                platform.with_page(page.slot, record_dropped_sample);
-                platform.diagnostic(Diagnostic::SampleDropped { vcpu: profiler.id });
-                return Ok(self.account(profiler, false, overflow));
+                return self.system_unpublished(platform, pcpu, profiler, Dropped::Recorded);
             }
         }
+        let SystemContext::Loaded { profiler: owner } = pcpu.system else {
+            return Ok(PmiOutcome::Spurious);
+        };
+        // Absent until it is known where the context stays (a failed save leaves it so).
+        pcpu.system = SystemContext::Absent;
+        // The save stops the counters first, then folds the overflow status into the
+        // context's virtual status and acknowledges it (the one status read of this PMI: no
+        // counter can overflow after the stop), then reads the counters.
+        let ctx = &mut pcpu.system_ctx;
+        let overflow = Self::save_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)?;
+        let Some(overflow) = Self::due(overflow) else {
+            // Nothing with its interrupt enabled overflowed: no sample. The counters restart
+            // from the values just read (on a PMU with a global control, one write).
+            Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)?;
+            pcpu.system = SystemContext::Loaded { profiler: owner };
+            return Ok(Self::not_due(overflow));
+        };
+        profiler.stats.pmis_generated += 1;
+        let Some(page) = profiler.page.as_mut() else {
+            // Checked by the verdict, under the same lock.
+            return Ok(self.account(profiler, false, overflow));
+        };
+        // Every sample for the page takes a number, published or not: gaps show drops.
+        page.samples += 1;
+        let page = *page;
+        let here = pcpu.index;
         let sample = match &interrupted {
             Interrupted::Guest { vcpu, regs } => Sample {
                 domain_id: if *vcpu == profiler.id {
@@ -438,13 +458,7 @@ impl<B: PmuBackend> Vpmu<B> {
         };
         let identity = self.identity(platform, profiler.id, here, &sample);
         let details = sample_details(platform, &sample, overflow, page.samples, &mut pcpu.chain);
-        let SystemContext::Loaded { profiler: owner } = pcpu.system else {
-            return Ok(PmiOutcome::Spurious);
-        };
-        // Absent until it is known where the context stays (a failed save leaves it so).
-        pcpu.system = SystemContext::Absent;
-        let ctx = &mut pcpu.system_ctx;
-        Self::save_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)?;
+        let ctx = &pcpu.system_ctx;
         let backend = &self.backend;
         let written = platform.with_page(page.slot, |to| {
             backend.context_to_page(ctx, &mut to.vendor);
@@ -479,4 +493,70 @@ impl<B: PmuBackend> Vpmu<B> {
         platform.raise_pmu_virq(profiler.id);
         Ok(self.account(profiler, true, overflow))
     }
+
+    /// A system-wide PMI that is not published: the counters keep running; the overflow is
+    /// recorded in the context's virtual status and acknowledged, and a due one is dropped.
+    fn system_unpublished<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        profiler: &mut VcpuPmu<B::Context>,
+        dropped: Dropped,
+    ) -> Result<PmiOutcome, CoreError> {
+        let overflow = self
+            .backend
+            .handle_overflow(&mut pcpu.system_ctx, &mut pcpu.hw)?;
+        Ok(match Self::due(overflow) {
+            Some(overflow) => self.drop_system(platform, profiler, dropped, overflow),
+            None => Self::not_due(overflow),
+        })
+    }
+
+    /// `overflow` if a PMI is due for it (something overflowed with its interrupt enabled).
+    fn due(overflow: Overflow) -> Option<Overflow> {
+        (!overflow.counters.is_empty() && overflow.interrupt).then_some(overflow)
+    }
+
+    /// The outcome of a PMI for which none is due.
+    fn not_due(overflow: Overflow) -> PmiOutcome {
+        if overflow.counters.is_empty() {
+            PmiOutcome::Spurious
+        } else {
+            PmiOutcome::NoInterrupt(overflow)
+        }
+    }
+
+    /// A due system-wide PMI that `profiler` does not get: counted, and numbered in its page
+    /// (and recorded there as dropped) as `dropped` says.
+    fn drop_system<P: Platform>(
+        &self,
+        platform: &mut P,
+        profiler: &mut VcpuPmu<B::Context>,
+        dropped: Dropped,
+        overflow: Overflow,
+    ) -> PmiOutcome {
+        profiler.stats.pmis_generated += 1;
+        if dropped != Dropped::Unnumbered {
+            if let Some(page) = profiler.page.as_mut() {
+                page.samples += 1;
+                if dropped == Dropped::Recorded {
+                    platform.with_page(page.slot, record_dropped_sample);
+                    platform.diagnostic(Diagnostic::SampleDropped { vcpu: profiler.id });
+                }
+            }
+        }
+        self.account(profiler, false, overflow)
+    }
+}
+
+/// What a dropped system-wide sample leaves in the profiler's page.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dropped {
+    /// Nothing (the mode changed, the profiler's own context is loaded, or it has no page).
+    Unnumbered,
+    /// A sequence number (the page's LVTPC is masked).
+    Numbered,
+    /// A sequence number and a dropped sample (a sample is still cached, or its sampled
+    /// domain cannot be named).
+    Recorded,
 }
