@@ -57,7 +57,7 @@ fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
             known,
             values,
         ) {
-            write_values(map, values, own, hw, record)?;
+            write_values(*map, values, own, hw, record)?;
         }
         record.values_known &= !map.set(own).0;
     }
@@ -96,11 +96,12 @@ fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
 }
 
 /// The values of `own` the record does not know the hardware holds, written (out of line:
-/// the load's compare loops stay free of bus calls).
+/// the load's compare loops stay free of bus calls). The map is taken by value so that a
+/// caller with a constant map does not build it in memory on the path that never gets here.
 #[cold]
 #[inline(never)]
 fn write_values<B: MsrBus>(
-    map: &BankMap,
+    map: BankMap,
     values: &[u64],
     own: u32,
     hw: &mut B,
