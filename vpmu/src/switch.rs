@@ -53,23 +53,9 @@ impl<B: PmuBackend> Vpmu<B> {
         if prev == next {
             return Ok(());
         }
-        let here = pcpu.index;
         if let Some(prev) = prev {
             vcpus
-                .visit(prev, |v| {
-                    v.running_on = None;
-                    let saved = if matches!(v.state, VcpuState::Loaded { pcpu } if pcpu == here) {
-                        self.save_loaded(pcpu, v).map(|_| ())
-                    } else {
-                        Ok(())
-                    };
-                    // A cached sample stops its vCPU's counters, so the physical LVTPC masked
-                    // for it need not stay masked for whoever runs here next.
-                    if pcpu.lvtpc_masked_for.is_some_and(|owner| owner == v.id) {
-                        self.unmask_physical_lvtpc(platform, pcpu);
-                    }
-                    saved
-                })
+                .visit(prev, |v| self.switch_out(platform, pcpu, v))
                 .unwrap_or(Ok(()))?;
         }
         pcpu.current = next;
@@ -79,6 +65,28 @@ impl<B: PmuBackend> Vpmu<B> {
                 .unwrap_or(Ok(())),
             None => Ok(()),
         }
+    }
+
+    /// The previous vCPU's half of a switch.
+    #[inline]
+    fn switch_out<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        vcpu.running_on = None;
+        let saved = if vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index }) {
+            self.save_loaded(pcpu, vcpu).map(|_| ())
+        } else {
+            Ok(())
+        };
+        // A cached sample stops its vCPU's counters, so the physical LVTPC masked for it need
+        // not stay masked for whoever runs here next.
+        if pcpu.lvtpc_masked_for.is_some_and(|owner| owner == vcpu.id) {
+            self.unmask_physical_lvtpc(platform, pcpu);
+        }
+        saved
     }
 
     /// `next`'s half of a switch, under the packed policy `word`.
