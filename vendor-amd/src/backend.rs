@@ -39,6 +39,8 @@ pub struct AmdPmu {
     capabilities: PmuCapabilities,
     /// The one counter bank, in the form the core's bank loops take.
     msr_banks: [BankMap; 1],
+    /// Every counter present (`capabilities.all_counters()`, which every load needs).
+    present: CounterSet,
     page_banks: AmdBanks,
 }
 
@@ -50,6 +52,7 @@ impl AmdPmu {
         Ok(Self {
             caps,
             capabilities: caps.pmu_capabilities(),
+            present: caps.pmu_capabilities().all_counters(),
             msr_banks: caps.banks(),
             page_banks,
         })
@@ -455,7 +458,7 @@ impl PmuBackend for AmdPmu {
     ) -> Result<(), MsrFault> {
         // Even with nothing in use (the core loads no such context, but a caller may, and
         // then put counters in use by WRMSR): the controls other contexts left are cleared.
-        let present = self.capabilities.all_counters();
+        let present = self.present;
         // The map as a constant of either kind, so that the inlined loops fold it.
         if self.caps.has_ext_core() {
             bank::load(&[EXT_CORE_BANK], ctx, ctx.in_use, present, hw, record)?;

@@ -112,7 +112,7 @@ impl IntelPmu {
         record: &mut HwRecord,
     ) -> Result<(), MsrFault> {
         let live = ctx.in_use;
-        let present = self.capabilities.all_counters();
+        let present = self.present;
         bank::load(&self.switch_banks(), ctx, live, present, hw, record)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), ctx.ds_area)?;
