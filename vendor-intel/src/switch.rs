@@ -96,7 +96,8 @@ impl IntelPmu {
             record.set_global(Some(0));
         }
         let overflow = self.collect_overflow(ctx, hw)?;
-        bank::save(&self.switch_banks(), ctx, live, SaveControls::Keep, hw, record)?;
+        let banks = self.switch_banks();
+        bank::save(&banks, ctx, live, SaveControls::Keep, hw, record)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), 0)?;
         }

@@ -189,12 +189,21 @@ fn held_or_zero(recorded: &[u64; 64], first: u32, own: u32, known: u32, images: 
     let Some(window) = window(recorded, first) else {
         return false;
     };
+    // The counters with a slot first, by an index the mask keeps in range (with a vendor's
+    // constant slot count the compiler sees that and checks no bound in the loop).
+    let slotted = own & slots(images.len());
     let mut differ = 0u64;
-    let mut bits = own;
+    let mut bits = slotted;
     while bits != 0 {
         let index = bits.trailing_zeros();
         bits &= bits - 1;
-        differ |= images.get(index as usize).map_or(0, |&c| c) ^ window[(index & 31) as usize];
+        differ |= images[index as usize] ^ window[(index & 31) as usize];
+    }
+    let mut bits = own & !slotted;
+    while bits != 0 {
+        let index = bits.trailing_zeros();
+        bits &= bits - 1;
+        differ |= window[(index & 31) as usize];
     }
     differ == 0
 }
