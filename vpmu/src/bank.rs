@@ -19,6 +19,15 @@
 //! switched back in where it was saved, the common case, writes nothing but its global
 //! control. The record itself is in `bank/record.rs`.
 //!
+//! The loops are generic over the map but meant to be inlined into a vendor's save and load
+//! with the map as a constant (every field the enumeration does not decide: Intel's MSR
+//! numbers and bank positions, AMD's whole map, one of two): the compiler then folds the
+//! MSR arithmetic, the bank positions and the kind of control into each bank's copy, and,
+//! with the context's slot count constant too, proves every masked index in range. The
+//! save's first two banks are written out rather than left to a loop, so that each copy is
+//! specialised whatever the compiler's unrolling heuristics decide. `scripts/instructions.sh`
+//! measures the result (the switch rows).
+//!
 //! The global registers (GLOBAL_CTRL, PerfCntrGlobalCtl) stay with the vendor: when they are
 //! written depends on rules that differ (Intel writes GLOBAL_CTRL whenever something is in use,
 //! AMD only with PerfMonV2 and a non-zero value). The overflow status register's
