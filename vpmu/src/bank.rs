@@ -206,8 +206,11 @@ fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     if let Some(map) = banks.get(1) {
         save_bank_keeping_controls(map, 1, ctx, set, hw, record)?;
     }
-    for (bank, map) in banks.iter().enumerate().skip(2) {
-        save_bank_keeping_controls(map, bank, ctx, set, hw, record)?;
+    // Any further banks (no vendor has them), behind a test of the constant N.
+    if N > 2 {
+        for (bank, map) in banks.iter().enumerate().skip(2) {
+            save_bank_keeping_controls(map, bank, ctx, set, hw, record)?;
+        }
     }
     Ok(())
 }
