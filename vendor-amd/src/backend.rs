@@ -8,7 +8,7 @@ use vpmu::{
     PmuCapabilities,
 };
 
-use crate::caps::{AmdCaps, EnumerationError, Lookup};
+use crate::caps::{AmdCaps, EXT_CORE_BANK, EnumerationError, K7_BANK, Lookup};
 use crate::context::AmdContext;
 use crate::msrs::{
     COUNTER_TOP_BIT, GLOBAL_CTL, GLOBAL_STATUS, GLOBAL_STATUS_CLR, MSR_RANGES, Register, ctl,
@@ -39,6 +39,8 @@ pub struct AmdPmu {
     capabilities: PmuCapabilities,
     /// The one counter bank, in the form the core's bank loops take.
     msr_banks: [BankMap; 1],
+    /// Every counter present (`capabilities.all_counters()`, which every load needs).
+    present: CounterSet,
     page_banks: AmdBanks,
 }
 
@@ -50,6 +52,7 @@ impl AmdPmu {
         Ok(Self {
             caps,
             capabilities: caps.pmu_capabilities(),
+            present: caps.pmu_capabilities().all_counters(),
             msr_banks: caps.banks(),
             page_banks,
         })
@@ -430,7 +433,12 @@ impl PmuBackend for AmdPmu {
         } else {
             SaveControls::Clear
         };
-        bank::save(&self.msr_banks, ctx, in_use, controls, hw, record)?;
+        // The map as a constant of either kind, so that the inlined loop folds it.
+        if self.caps.has_ext_core() {
+            bank::save(&[EXT_CORE_BANK], ctx, in_use, controls, hw, record)?;
+        } else {
+            bank::save(&[K7_BANK], ctx, in_use, controls, hw, record)?;
+        }
         let overflow = self.collect_overflows(ctx, hw, CounterValues::Saved)?;
         ctx.in_use = ctx.enabled_within(in_use);
         Ok(overflow)
@@ -450,8 +458,13 @@ impl PmuBackend for AmdPmu {
     ) -> Result<(), MsrFault> {
         // Even with nothing in use (the core loads no such context, but a caller may, and
         // then put counters in use by WRMSR): the controls other contexts left are cleared.
-        let present = self.capabilities.all_counters();
-        bank::load(&self.msr_banks, ctx, ctx.in_use, present, hw, record)?;
+        let present = self.present;
+        // The map as a constant of either kind, so that the inlined loops fold it.
+        if self.caps.has_ext_core() {
+            bank::load(&[EXT_CORE_BANK], ctx, ctx.in_use, present, hw, record)?;
+        } else {
+            bank::load(&[K7_BANK], ctx, ctx.in_use, present, hw, record)?;
+        }
         if self.caps.has_perfmon_v2()
             && !ctx.in_use.is_empty()
             && record.global() != Some(ctx.global_ctl)

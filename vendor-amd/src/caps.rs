@@ -182,24 +182,10 @@ impl AmdCaps {
     /// The one counter bank as the backend drives it: the interleaved PerfCtrExtCore MSRs when
     /// present, else the K7 ones (which alias counters 0–3 anyway).
     pub fn banks(&self) -> [BankMap; 1] {
-        let (controls, counters) = if self.has_ext_core() {
-            (
-                MsrSeries::new(EXT_PERF_CTL0, 2),
-                MsrSeries::new(EXT_PERF_CTL0 + 1, 2),
-            )
+        [if self.has_ext_core() {
+            EXT_CORE_BANK
         } else {
-            (
-                MsrSeries::new(K7_PERF_CTL0, 1),
-                MsrSeries::new(K7_PERF_CTR0, 1),
-            )
-        };
-        [BankMap {
-            first_bit: 0,
-            counters,
-            counter_writes: counters,
-            controls: Controls::PerCounter(controls),
-            // The bits above the 48 counter bits read as 0: nothing to mask.
-            value_mask: u64::MAX,
+            K7_BANK
         }]
     }
 
@@ -213,6 +199,26 @@ impl AmdCaps {
         self.banks()[0].counters.at(index)
     }
 }
+
+/// The interleaved PerfCtrExtCore bank (see [`AmdCaps::banks`]). Both maps are constants, so
+/// that the switch path can hand the bank loops a map the compiler folds into them.
+pub(crate) const EXT_CORE_BANK: BankMap = BankMap {
+    first_bit: 0,
+    counters: MsrSeries::new(EXT_PERF_CTL0 + 1, 2),
+    counter_writes: MsrSeries::new(EXT_PERF_CTL0 + 1, 2),
+    controls: Controls::PerCounter(MsrSeries::new(EXT_PERF_CTL0, 2)),
+    // The bits above the 48 counter bits read as 0: nothing to mask.
+    value_mask: u64::MAX,
+};
+
+/// The legacy K7 bank (see [`EXT_CORE_BANK`]).
+pub(crate) const K7_BANK: BankMap = BankMap {
+    first_bit: 0,
+    counters: MsrSeries::new(K7_PERF_CTR0, 1),
+    counter_writes: MsrSeries::new(K7_PERF_CTR0, 1),
+    controls: Controls::PerCounter(MsrSeries::new(K7_PERF_CTL0, 1)),
+    value_mask: u64::MAX,
+};
 
 /// CPUID `0x8000_0001` ECX bit 23, PerfCtrExtCore: the six interleaved core counters (APM
 /// vol. 3, appendix E.4.2).

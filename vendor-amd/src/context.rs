@@ -2,13 +2,15 @@
 
 use vpmu::abi::{AmdBanks, AmdCtxt, VendorArea};
 use vpmu::bank::CounterBanks;
-use vpmu::{ContextError, CounterSet, GuestPolicy};
+use vpmu::{ContextError, CounterSet, GuestPolicy, Indices};
 
 use crate::caps::AmdCaps;
 use crate::msrs::{COUNTER_TOP_BIT, MAX_COUNTERS, ctl};
 use crate::policy;
 
 const N: usize = MAX_COUNTERS as usize;
+/// The indices with a slot, as a bitmap.
+const SLOT_BITS: u32 = ((1u64 << N) - 1) as u32;
 
 /// A vCPU's virtual AMD PMU.
 ///
@@ -96,12 +98,10 @@ impl AmdContext {
     /// puts its counter in use, and `in_use` only grows while loaded).
     pub(crate) fn enabled_within(&self, set: CounterSet) -> CounterSet {
         let mut enabled = 0u64;
-        for index in set.gp_indices() {
-            if self
-                .hw_ctl
-                .get(index as usize)
-                .is_some_and(|&c| c & ctl::EN != 0)
-            {
+        // Within the slots (no counter outside them is ever in use), so that the compiler sees
+        // every index in range.
+        for index in Indices(set.gp_bits() & SLOT_BITS) {
+            if self.hw_ctl[index as usize] & ctl::EN != 0 {
                 enabled |= CounterSet::gp(index).0;
             }
         }

@@ -6,7 +6,7 @@ use raw_cpuid::CpuIdReader;
 use vpmu::abi::{IntelBanks, VendorArea, VendorLayout};
 use vpmu::bank::{BankMap, HwRecord};
 use vpmu::{
-    ContextError, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
+    ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
     PmuCapabilities,
 };
 
@@ -27,6 +27,8 @@ pub struct IntelPmu {
     pub(crate) rules: GuestRules,
     /// The general-purpose and the fixed bank, in the form the core's bank loops take.
     pub(crate) msr_banks: [BankMap; 2],
+    /// Every counter present (`capabilities.all_counters()`, which every load needs).
+    pub(crate) present: CounterSet,
     pub(crate) page_banks: IntelBanks,
 }
 
@@ -38,6 +40,7 @@ impl IntelPmu {
         Ok(IntelPmu {
             caps,
             capabilities: caps.pmu_capabilities(),
+            present: caps.pmu_capabilities().all_counters(),
             rules: GuestRules::new(&caps),
             msr_banks: caps.banks(),
             page_banks,

@@ -12,6 +12,27 @@ use crate::msrs::{IA32_A_PMC0, IA32_FIXED_CTR_CTRL, IA32_FIXED_CTR0, IA32_PERFEV
 /// Highest architectural PMU version this backend knows the rules of. Later versions only add
 /// registers and bits; the backend exposes none of them, so it treats the CPU as this version.
 pub const MAX_SUPPORTED_VERSION: u8 = 5;
+/// The general-purpose bank as [`IntelCaps::banks`] gives it, but for what the enumeration
+/// decides (the write alias, the value mask): these fields are the same on every CPU, and
+/// the switch path takes them from here so that the compiler folds them into its loops.
+pub(crate) const GP_BANK_MAP: BankMap = BankMap {
+    first_bit: 0,
+    counters: MsrSeries::new(IA32_PMC0, 1),
+    counter_writes: MsrSeries::new(IA32_PMC0, 1),
+    controls: Controls::PerCounter(MsrSeries::new(IA32_PERFEVTSEL0, 1)),
+    value_mask: u64::MAX,
+};
+
+/// The fixed bank as [`IntelCaps::banks`] gives it, but for the value mask (see
+/// [`GP_BANK_MAP`]).
+pub(crate) const FIXED_BANK_MAP: BankMap = BankMap {
+    first_bit: CounterSet::FIXED_BASE,
+    counters: MsrSeries::new(IA32_FIXED_CTR0, 1),
+    counter_writes: MsrSeries::new(IA32_FIXED_CTR0, 1),
+    controls: Controls::Shared(vpmu::Msr(IA32_FIXED_CTR_CTRL)),
+    value_mask: u64::MAX,
+};
+
 /// Lowest version with IA32_PERF_GLOBAL_CTRL/STATUS, which save/restore relies on (Xen refuses
 /// v1 for the same reason).
 pub const MIN_SUPPORTED_VERSION: u8 = 2;
@@ -279,26 +300,19 @@ impl IntelCaps {
     /// through IA32_PMCx, written through IA32_A_PMCx when FW_WRITE makes that exact, each with
     /// its PERFEVTSELx) and the fixed counters (under the one FIXED_CTR_CTRL).
     pub fn banks(&self) -> [BankMap; 2] {
-        let legacy = MsrSeries::new(IA32_PMC0, 1);
-        let fixed = MsrSeries::new(IA32_FIXED_CTR0, 1);
         [
             BankMap {
-                first_bit: 0,
-                counters: legacy,
                 counter_writes: if self.full_width_writes() {
                     MsrSeries::new(IA32_A_PMC0, 1)
                 } else {
-                    legacy
+                    GP_BANK_MAP.counters
                 },
-                controls: Controls::PerCounter(MsrSeries::new(IA32_PERFEVTSEL0, 1)),
                 value_mask: self.gp_value_mask(),
+                ..GP_BANK_MAP
             },
             BankMap {
-                first_bit: CounterSet::FIXED_BASE,
-                counters: fixed,
-                counter_writes: fixed,
-                controls: Controls::Shared(vpmu::Msr(IA32_FIXED_CTR_CTRL)),
                 value_mask: self.fixed_value_mask(),
+                ..FIXED_BANK_MAP
             },
         ]
     }

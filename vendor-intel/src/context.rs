@@ -1,14 +1,20 @@
 //! A vCPU's Intel PMU context: the guest-visible registers, the values the hardware is
 //! programmed with, the virtual GLOBAL_STATUS, and which counters must be on the hardware.
 
-use vpmu::CounterSet;
 use vpmu::bank::CounterBanks;
+use vpmu::{CounterSet, Indices};
 
 use crate::caps::{FIXED_COUNTER_LIMIT, IntelCaps, MAX_GP_COUNTERS};
 use crate::msrs::{EVTSEL_EN, EVTSEL_INT, FIXED_OS, FIXED_PMI, FIXED_USR, fixed_nibble};
 
 pub(crate) const GP_SLOTS: usize = MAX_GP_COUNTERS as usize;
 pub(crate) const FIXED_SLOTS: usize = FIXED_COUNTER_LIMIT as usize;
+
+/// The indices with a slot, as bitmaps: loops over a set of counters iterate its bits within
+/// these, and the compiler then sees every index in range (no bound checked per counter).
+/// Counters outside them never enter `in_use`.
+const GP_SLOT_BITS: u32 = ((1u64 << GP_SLOTS) - 1) as u32;
+const FIXED_SLOT_BITS: u32 = ((1u64 << FIXED_SLOTS) - 1) as u32;
 
 /// The positions of the banks in [`IntelCaps::banks`].
 pub(crate) const GP_BANK: usize = 0;
@@ -116,15 +122,14 @@ impl IntelContext {
     #[inline]
     pub(crate) fn shrink_in_use(&mut self) {
         let mut idle = 0u64;
-        for index in self.in_use.gp_indices() {
+        for index in Indices(self.in_use.gp_bits() & GP_SLOT_BITS) {
             let i = index as usize;
-            if self.gp_counters.get(i) == Some(&0) && self.event_selects.get(i) == Some(&0) {
+            if self.gp_counters[i] == 0 && self.event_selects[i] == 0 {
                 idle |= CounterSet::gp(index).0;
             }
         }
-        for index in self.in_use.fixed_indices() {
-            if self.fixed_counters.get(index as usize) == Some(&0)
-                && fixed_nibble(self.fixed_ctrl, index) == 0
+        for index in Indices(self.in_use.fixed_bits() & FIXED_SLOT_BITS) {
+            if self.fixed_counters[index as usize] == 0 && fixed_nibble(self.fixed_ctrl, index) == 0
             {
                 idle |= CounterSet::fixed(index).0;
             }
@@ -147,11 +152,8 @@ impl IntelContext {
     #[inline]
     pub(crate) fn counts_anything(&self) -> bool {
         let candidates = self.in_use.intersection(CounterSet(self.global_ctrl));
-        let gp = candidates.gp_indices().any(|i| {
-            self.event_selects_hw
-                .get(i as usize)
-                .is_some_and(|&sel| sel & EVTSEL_EN != 0)
-        });
+        let gp = Indices(candidates.gp_bits() & GP_SLOT_BITS)
+            .any(|i| self.event_selects_hw[i as usize] & EVTSEL_EN != 0);
         gp || candidates
             .fixed_indices()
             .any(|i| fixed_nibble(self.fixed_ctrl_hw, i) & (FIXED_OS | FIXED_USR) != 0)

@@ -30,10 +30,11 @@
 //! but before its PMI is taken loses that PMI (real hardware has raised it already); the guest
 //! runs in that window only for the PMI's skid.
 
-use vpmu::bank::{self, HwRecord, SaveControls, StatusMsrs};
+use vpmu::bank::{self, BankMap, HwRecord, SaveControls, StatusMsrs};
 use vpmu::{CounterSet, Msr, MsrBus, MsrFault, Overflow};
 
 use crate::backend::IntelPmu;
+use crate::caps::{FIXED_BANK_MAP, GP_BANK_MAP};
 use crate::context::IntelContext;
 use crate::msrs::{
     IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL,
@@ -46,10 +47,34 @@ const STATUS: StatusMsrs = StatusMsrs {
 };
 
 impl IntelPmu {
+    /// `msr_banks` with every field the enumeration does not decide a constant:
+    /// the bank loops inlined into the switch then fold the MSR numbers, the bank positions
+    /// and the kind of control instead of reading them from the map at every step.
+    #[inline(always)]
+    fn switch_banks(&self) -> [BankMap; 2] {
+        let [gp, fixed] = &self.msr_banks;
+        [
+            BankMap {
+                counter_writes: gp.counter_writes,
+                value_mask: gp.value_mask,
+                ..GP_BANK_MAP
+            },
+            BankMap {
+                value_mask: fixed.value_mask,
+                ..FIXED_BANK_MAP
+            },
+        ]
+    }
+
     /// Stops and saves the context; returns every overflow this save found on the hardware: a
     /// PMI raised and not yet handled. Whether the virtual status already held the counter's
     /// bit does not matter: a counter that overflows again before the guest acknowledged the
     /// previous overflow raises a PMI as well.
+    ///
+    /// Inlined into the core's save (its one hot caller): as a call of its own it cost a
+    /// second prologue, spills around the bank loops and a returned `Result<Overflow>` through
+    /// memory (about 40 instructions of a switch pair).
+    #[inline(always)]
     pub(crate) fn save_context<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,
@@ -71,7 +96,8 @@ impl IntelPmu {
             record.set_global(Some(0));
         }
         let overflow = self.collect_overflow(ctx, hw)?;
-        bank::save(&self.msr_banks, ctx, live, SaveControls::Keep, hw, record)?;
+        let banks = self.switch_banks();
+        bank::save(&banks, ctx, live, SaveControls::Keep, hw, record)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), 0)?;
         }
@@ -87,8 +113,8 @@ impl IntelPmu {
         record: &mut HwRecord,
     ) -> Result<(), MsrFault> {
         let live = ctx.in_use;
-        let present = self.capabilities.all_counters();
-        bank::load(&self.msr_banks, ctx, live, present, hw, record)?;
+        let present = self.present;
+        bank::load(&self.switch_banks(), ctx, live, present, hw, record)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), ctx.ds_area)?;
         }
@@ -119,7 +145,7 @@ impl IntelPmu {
         let record = ctx.live_status_bits();
         let recorded = STATUS.fold(hw, record, self.rules.status_bits(), &mut ctx.global_status)?;
         let counters = self.rules.status_counters(recorded);
-        Ok(bank::overflow(&self.msr_banks, ctx, counters))
+        Ok(bank::overflow(&self.switch_banks(), ctx, counters))
     }
 
     /// Called, with `ctx` loaded, before a control write turns the interrupt on for `counters`.

@@ -19,6 +19,15 @@
 //! switched back in where it was saved, the common case, writes nothing but its global
 //! control. The record itself is in `bank/record.rs`.
 //!
+//! The loops are generic over the map but meant to be inlined into a vendor's save and load
+//! with the map as a constant (every field the enumeration does not decide: Intel's MSR
+//! numbers and bank positions, AMD's whole map, one of two): the compiler then folds the
+//! MSR arithmetic, the bank positions and the kind of control into each bank's copy, and,
+//! with the context's slot count constant too, proves every masked index in range. The
+//! save's first two banks are written out rather than left to a loop, so that each copy is
+//! specialised whatever the compiler's unrolling heuristics decide. `scripts/instructions.sh`
+//! measures the result (the switch rows).
+//!
 //! The global registers (GLOBAL_CTRL, PerfCntrGlobalCtl) stay with the vendor: when they are
 //! written depends on rules that differ (Intel writes GLOBAL_CTRL whenever something is in use,
 //! AMD only with PerfMonV2 and a non-zero value). The overflow status register's
@@ -188,82 +197,129 @@ fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     hw: &mut B,
     record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
-    for (bank, map) in banks.iter().enumerate() {
-        let own = map.indices(set).0;
-        if own == 0 {
-            continue;
-        }
-        let first = map.first_bit;
-        let (values, images) = ctx.saved_mut(bank);
-        // Every counter of `own` is read; the ones with a slot in the context are recorded.
-        let saved = own & slots(values.len());
-        let mut bits = own;
-        match record.values.get_mut(first as usize..) {
-            Some(window) if window.len() >= 32 => {
-                while bits != 0 {
-                    let index = bits.trailing_zeros();
-                    bits &= bits - 1;
-                    let value = map.read_counter(hw, index)?;
-                    if let Some(slot) = values.get_mut(index as usize) {
-                        *slot = value;
-                        if let Some(recorded) = window.get_mut((index & 31) as usize) {
-                            *recorded = value;
-                        }
-                    }
-                }
-            }
-            _ => {
-                while bits != 0 {
-                    let index = bits.trailing_zeros();
-                    bits &= bits - 1;
-                    let value = map.read_counter(hw, index)?;
-                    if let Some(slot) = values.get_mut(index as usize) {
-                        *slot = value;
-                        record.values[((first + index) & 63) as usize] = value;
-                    }
-                }
-            }
-        }
-        record.values_known |= map.set(saved).0;
-        let (recorded, zero) = match map.controls {
-            Controls::PerCounter(_) => {
-                let mut zero = 0u32;
-                let mut bits = own;
-                match record.controls.get_mut(first as usize..) {
-                    Some(window) if window.len() >= 32 => {
-                        while bits != 0 {
-                            let index = bits.trailing_zeros();
-                            bits &= bits - 1;
-                            let image = images.get(index as usize).map_or(0, |&c| c);
-                            if let Some(slot) = window.get_mut((index & 31) as usize) {
-                                *slot = image;
-                            }
-                            zero |= u32::from(image == 0) << index;
-                        }
-                    }
-                    _ => {
-                        while bits != 0 {
-                            let index = bits.trailing_zeros();
-                            bits &= bits - 1;
-                            let image = images.get(index as usize).map_or(0, |&c| c);
-                            record.controls[((first + index) & 63) as usize] = image;
-                            zero |= u32::from(image == 0) << index;
-                        }
-                    }
-                }
-                (map.set(own).0, map.set(zero).0)
-            }
-            Controls::Shared(_) => {
-                // The shared control, at the bank's first position.
-                let image = images.first().map_or(0, |&c| c);
-                let position = first & 63;
-                record.controls[position as usize] = image;
-                (1 << position, u64::from(image == 0) << position)
-            }
-        };
-        record.controls_known |= recorded;
-        record.controls_zero = record.controls_zero & !recorded | zero;
+    // The first two banks written out (every vendor has one or two): each copy is then
+    // specialised to its bank, whose map a vendor may hand in as a constant, whatever the
+    // compiler's unrolling heuristics make of a loop over them.
+    if let Some(map) = banks.first() {
+        save_bank_keeping_controls(map, 0, ctx, set, hw, record)?;
     }
+    if let Some(map) = banks.get(1) {
+        save_bank_keeping_controls(map, 1, ctx, set, hw, record)?;
+    }
+    // Any further banks (no vendor has them), behind a test of the constant N.
+    if N > 2 {
+        for (bank, map) in banks.iter().enumerate().skip(2) {
+            save_bank_keeping_controls(map, bank, ctx, set, hw, record)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`save_keeping_controls`] for bank `bank`, whose map is `map`.
+#[inline(always)]
+fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
+    map: &BankMap,
+    bank: usize,
+    ctx: &mut C,
+    set: CounterSet,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    let own = map.indices(set).0;
+    if own == 0 {
+        return Ok(());
+    }
+    let first = map.first_bit;
+    let (values, images) = ctx.saved_mut(bank);
+    // Every counter of `own` is read; the ones with a slot in the context are recorded.
+    let saved = own & slots(values.len());
+    let mut bits = own;
+    match record.values.get_mut(first as usize..) {
+        Some(window) if window.len() >= 32 => {
+            // The counters with a slot first (the lower indices, so the order of the
+            // reads is unchanged), by an index the mask keeps in range: with a vendor's
+            // constant slot count the compiler checks no bound in the loop.
+            let mut bits = saved;
+            while bits != 0 {
+                let index = bits.trailing_zeros();
+                bits &= bits - 1;
+                let value = map.read_counter(hw, index)?;
+                values[index as usize] = value;
+                if let Some(recorded) = window.get_mut((index & 31) as usize) {
+                    *recorded = value;
+                }
+            }
+            let mut bits = own & !saved;
+            while bits != 0 {
+                let index = bits.trailing_zeros();
+                bits &= bits - 1;
+                map.read_counter(hw, index)?;
+            }
+        }
+        _ => {
+            while bits != 0 {
+                let index = bits.trailing_zeros();
+                bits &= bits - 1;
+                let value = map.read_counter(hw, index)?;
+                if let Some(slot) = values.get_mut(index as usize) {
+                    *slot = value;
+                    record.values[((first + index) & 63) as usize] = value;
+                }
+            }
+        }
+    }
+    record.values_known |= map.set(saved).0;
+    let (recorded, zero) = match map.controls {
+        Controls::PerCounter(_) => {
+            let mut zero = 0u32;
+            let mut bits = own;
+            match record.controls.get_mut(first as usize..) {
+                Some(window) if window.len() >= 32 => {
+                    // As for the values: the counters with a slot by a masked index, then
+                    // the others (image 0).
+                    let slotted = own & slots(images.len());
+                    let mut bits = slotted;
+                    while bits != 0 {
+                        let index = bits.trailing_zeros();
+                        bits &= bits - 1;
+                        let image = images[index as usize];
+                        if let Some(slot) = window.get_mut((index & 31) as usize) {
+                            *slot = image;
+                        }
+                        zero |= u32::from(image == 0) << index;
+                    }
+                    let mut bits = own & !slotted;
+                    while bits != 0 {
+                        let index = bits.trailing_zeros();
+                        bits &= bits - 1;
+                        if let Some(slot) = window.get_mut((index & 31) as usize) {
+                            *slot = 0;
+                        }
+                        zero |= 1 << index;
+                    }
+                }
+                _ => {
+                    while bits != 0 {
+                        let index = bits.trailing_zeros();
+                        bits &= bits - 1;
+                        let image = images.get(index as usize).map_or(0, |&c| c);
+                        record.controls[((first + index) & 63) as usize] = image;
+                        zero |= u32::from(image == 0) << index;
+                    }
+                }
+            }
+            (map.set(own).0, map.set(zero).0)
+        }
+        Controls::Shared(_) => {
+            // The shared control, at the bank's first position.
+            let image = images.first().map_or(0, |&c| c);
+            let position = first & 63;
+            record.controls[position as usize] = image;
+            (1 << position, u64::from(image == 0) << position)
+        }
+    };
+    record.controls_known |= recorded;
+    record.controls_zero = record.controls_zero & !recorded | zero;
     Ok(())
 }
 

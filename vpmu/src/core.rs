@@ -76,6 +76,12 @@ impl PolicySnapshot {
         self.epoch << 16 | (self.features & 0xff) << 8 | self.mode.to_abi()
     }
 
+    /// The epoch of a packed word (what most checks compare), without unpacking the rest.
+    #[inline(always)]
+    pub(crate) const fn epoch_of(word: u64) -> u64 {
+        word >> 16
+    }
+
     pub(crate) fn unpack(word: u64) -> Self {
         PolicySnapshot {
             mode: MODE_OF_ABI[(word & 7) as usize],

@@ -41,49 +41,60 @@ impl<B: PmuBackend> Vpmu<B> {
         vcpus: &T,
         next: Option<VcpuId>,
     ) -> Result<(), CoreError> {
-        // One policy snapshot for the whole switch: the one this pCPU has caught up with.
-        let mut policy = self.policy();
-        if pcpu.seen.epoch != policy.epoch {
+        // One policy snapshot for the whole switch: the one this pCPU has caught up with. It
+        // travels packed and is unpacked only where a field of it is needed (a switch to a
+        // vCPU that loads nothing needs the epoch alone).
+        let mut word = self.policy_word();
+        if pcpu.seen.epoch != PolicySnapshot::epoch_of(word) {
             self.catch_up_changed(platform, pcpu, vcpus)?;
-            policy = self.policy();
+            word = self.policy_word();
         }
         let prev = pcpu.current;
         if prev == next {
             return Ok(());
         }
-        let here = pcpu.index;
         if let Some(prev) = prev {
             vcpus
-                .visit(prev, |v| {
-                    v.running_on = None;
-                    let saved = if matches!(v.state, VcpuState::Loaded { pcpu } if pcpu == here) {
-                        self.save_loaded(pcpu, v).map(|_| ())
-                    } else {
-                        Ok(())
-                    };
-                    // A cached sample stops its vCPU's counters, so the physical LVTPC masked
-                    // for it need not stay masked for whoever runs here next.
-                    if pcpu.lvtpc_masked_for.is_some_and(|owner| owner == v.id) {
-                        self.unmask_physical_lvtpc(platform, pcpu);
-                    }
-                    saved
-                })
+                .visit(prev, |v| self.switch_out(platform, pcpu, v))
                 .unwrap_or(Ok(()))?;
         }
         pcpu.current = next;
         match next {
             Some(next) => vcpus
-                .visit(next, |v| self.switch_in(platform, policy, pcpu, v))
+                .visit(next, |v| self.switch_in(platform, word, pcpu, v))
                 .unwrap_or(Ok(())),
             None => Ok(()),
         }
     }
 
+    /// The previous vCPU's half of a switch.
+    #[inline]
+    fn switch_out<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        vcpu.running_on = None;
+        let saved = if vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index }) {
+            self.save_loaded(pcpu, vcpu).map(|_| ())
+        } else {
+            Ok(())
+        };
+        // A cached sample stops its vCPU's counters, so the physical LVTPC masked for it need
+        // not stay masked for whoever runs here next.
+        if pcpu.lvtpc_masked_for.is_some_and(|owner| owner == vcpu.id) {
+            self.unmask_physical_lvtpc(platform, pcpu);
+        }
+        saved
+    }
+
+    /// `next`'s half of a switch, under the packed policy `word`.
     #[inline]
     fn switch_in<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
-        policy: PolicySnapshot,
+        word: u64,
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) -> Result<(), CoreError> {
@@ -96,9 +107,11 @@ impl<B: PmuBackend> Vpmu<B> {
             }
         }
         vcpu.running_on = Some(pcpu.index);
-        self.settle(platform, policy, vcpu);
+        if vcpu.validated != PolicySnapshot::epoch_of(word) {
+            self.settle_changed(platform, PolicySnapshot::unpack(word), vcpu);
+        }
         if vcpu.state == VcpuState::Saved {
-            self.load_settled(platform, policy, pcpu, vcpu)?;
+            self.load_settled(platform, PolicySnapshot::unpack(word), pcpu, vcpu)?;
         }
         self.deliver_pending(platform, pcpu, vcpu)?;
         Ok(())
