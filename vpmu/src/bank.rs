@@ -233,6 +233,52 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
     let (values, images) = ctx.saved_mut(bank);
     // Every counter of `own` is read; the ones with a slot in the context are recorded.
     let saved = own & slots(values.len());
+    if let (Controls::PerCounter(_), Some(recorded_values), Some(recorded_controls)) = (
+        map.controls,
+        window_mut(&mut record.values, first),
+        window_mut(&mut record.controls, first),
+    ) {
+        // Per-counter controls (every vendor's general-purpose bank): one pass reads each
+        // counter and records its value and control together, which a pass per kind would
+        // pay the loop's bookkeeping for twice. The counters with both slots first (the lower
+        // indices, so the order of the reads is unchanged), by an index the mask keeps in
+        // range: with a vendor's constant slot counts the compiler checks no bound.
+        let both = saved & slots(images.len());
+        let mut zero = 0u32;
+        let mut bits = both;
+        while bits != 0 {
+            let index = bits.trailing_zeros();
+            bits &= bits - 1;
+            let value = map.read_counter(hw, index)?;
+            let position = (index & 31) as usize;
+            values[index as usize] = value;
+            recorded_values[position] = value;
+            let image = images[index as usize];
+            recorded_controls[position] = image;
+            zero |= u32::from(image == 0) << index;
+        }
+        // The others (no vendor's): read, the value kept only with a slot, the image 0
+        // without one.
+        let mut bits = own & !both;
+        while bits != 0 {
+            let index = bits.trailing_zeros();
+            bits &= bits - 1;
+            let value = map.read_counter(hw, index)?;
+            let position = (index & 31) as usize;
+            if let Some(slot) = values.get_mut(index as usize) {
+                *slot = value;
+                recorded_values[position] = value;
+            }
+            let image = images.get(index as usize).map_or(0, |&c| c);
+            recorded_controls[position] = image;
+            zero |= u32::from(image == 0) << index;
+        }
+        let recorded = map.set(own).0;
+        record.values_known |= map.set(saved).0;
+        record.controls_known |= recorded;
+        record.controls_zero = record.controls_zero & !recorded | map.set(zero).0;
+        return Ok(());
+    }
     let mut bits = own;
     match record.values.get_mut(first as usize..) {
         Some(window) if window.len() >= 32 => {
@@ -449,6 +495,17 @@ impl StatusMsrs {
         }
         Ok(recorded)
     }
+}
+
+/// The 32 record positions of a bank whose counter 0 is at `first`, to write (`None` if they
+/// do not fit, which no vendor's map has).
+#[inline]
+fn window_mut(recorded: &mut [u64; 64], first: u32) -> Option<&mut [u64; 32]> {
+    recorded
+        .get_mut(first as usize..)?
+        .get_mut(..32)?
+        .try_into()
+        .ok()
 }
 
 /// The indices `0..len` as a bitmap.
