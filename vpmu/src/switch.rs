@@ -21,6 +21,8 @@
 //! Contexts are never left on a pCPU after their vCPU leaves it: Xen's lazy cross-CPU residency
 //! (removed in 2022, commit defa4e51d2) needed IPIs and raced with migration.
 
+mod charged;
+
 use crate::backend::{Overflow, PmuBackend};
 use crate::bank::HwRecord;
 use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
@@ -30,6 +32,15 @@ use vpmu_abi::Regs;
 use crate::platform::{Diagnostic, Interrupted, Platform, VcpuId};
 use crate::request::{Completion, CrossCpuRequest};
 use crate::state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState};
+use charged::ChargedBus;
+
+/// A context switch's state, as both of its halves take it.
+struct SwitchEnv<'a, B: PmuBackend, P, H> {
+    vpmu: &'a Vpmu<B>,
+    platform: &'a mut P,
+    pcpu: &'a mut PcpuPmu<B::Context, H>,
+    word: u64,
+}
 
 impl<B: PmuBackend> Vpmu<B> {
     /// `pcpu` (the caller's own pCPU) stops running its current vCPU (if any) and starts
@@ -53,15 +64,29 @@ impl<B: PmuBackend> Vpmu<B> {
         if prev == next {
             return Ok(());
         }
+        // Both halves reach the switch's state through one pointer to it, built once: closures
+        // that captured its parts one by one kept every part live across both visits (spilled
+        // around the first, copied again for the second).
+        let env = &mut SwitchEnv {
+            vpmu: self,
+            platform,
+            pcpu,
+            word,
+        };
         if let Some(prev) = prev {
+            let out = &mut *env;
             vcpus
-                .visit(prev, |v| self.switch_out(platform, pcpu, v))
+                .visit(prev, move |v| {
+                    out.vpmu.switch_out(out.platform, out.pcpu, v)
+                })
                 .unwrap_or(Ok(()))?;
         }
-        pcpu.current = next;
+        env.pcpu.current = next;
         match next {
             Some(next) => vcpus
-                .visit(next, |v| self.switch_in(platform, word, pcpu, v))
+                .visit(next, move |v| {
+                    env.vpmu.switch_in(env.platform, env.word, env.pcpu, v)
+                })
                 .unwrap_or(Ok(())),
             None => Ok(()),
         }
@@ -142,10 +167,11 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) -> Result<Overflow, CoreError> {
-        let (mut bus, record) = pcpu.counted();
-        let result = Self::save_on(&self.backend, &mut vcpu.ctx, &mut bus, record);
-        vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
-        let overflow = result?;
+        let mut bus = ChargedBus {
+            hw: &mut pcpu.hw,
+            stats: &mut vcpu.stats.hw_msr,
+        };
+        let overflow = Self::save_on(&self.backend, &mut vcpu.ctx, &mut bus, &mut pcpu.record)?;
         vcpu.stats.saves += 1;
         vcpu.state = VcpuState::Saved;
         if overflow.interrupt && !overflow.counters.is_empty() {
@@ -208,10 +234,11 @@ impl<B: PmuBackend> Vpmu<B> {
         if pcpu.lvtpc_masked_for.is_some_and(|owner| owner == vcpu.id) {
             self.unmask_physical_lvtpc(platform, pcpu);
         }
-        let (mut bus, record) = pcpu.counted();
-        let result = Self::load_on(&self.backend, &vcpu.ctx, &mut bus, record);
-        vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
-        result?;
+        let mut bus = ChargedBus {
+            hw: &mut pcpu.hw,
+            stats: &mut vcpu.stats.hw_msr,
+        };
+        Self::load_on(&self.backend, &vcpu.ctx, &mut bus, &mut pcpu.record)?;
         vcpu.stats.loads += 1;
         vcpu.state = VcpuState::Loaded { pcpu: pcpu.index };
         Ok(())
