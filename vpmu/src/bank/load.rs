@@ -81,6 +81,12 @@ fn bank_held<C: CounterBanks + ?Sized>(
 ) -> bool {
     let own = map.indices(set).0;
     let first = map.first_bit;
+    if let (Controls::Shared(_), 0) = (map.controls, own) {
+        // A shared-control bank the context does not use (Intel's fixed bank, mostly):
+        // nothing to compare, only whether the control must be cleared, which the record's
+        // known-zero controls answer at once (known and 0 is exactly a bit there).
+        return record.zero_controls().0 >> (first & 63) & 1 != 0;
+    }
     let (Some(recorded_values), Some(recorded_controls)) = (
         window(&record.values, first),
         window(&record.controls, first),
