@@ -66,6 +66,22 @@ impl IntelPmu {
         ]
     }
 
+    /// [`IntelPmu::switch_banks`] for a load, which never reads a counter: the value masks are
+    /// left the constant maps' own, so that the only field the load's compare pass does not
+    /// use (the counter aliases written) is the only one read from the backend, and not even
+    /// that one is kept live where nothing needs writing.
+    #[inline(always)]
+    fn load_banks(&self) -> [BankMap; 2] {
+        let [gp, _] = &self.msr_banks;
+        [
+            BankMap {
+                counter_writes: gp.counter_writes,
+                ..GP_BANK_MAP
+            },
+            FIXED_BANK_MAP,
+        ]
+    }
+
     /// Stops and saves the context; returns every overflow this save found on the hardware: a
     /// PMI raised and not yet handled. Whether the virtual status already held the counter's
     /// bit does not matter: a counter that overflows again before the guest acknowledged the
@@ -114,7 +130,7 @@ impl IntelPmu {
     ) -> Result<(), MsrFault> {
         let live = ctx.in_use;
         let present = self.present;
-        bank::load(&self.switch_banks(), ctx, live, present, hw, record)?;
+        bank::load(&self.load_banks(), ctx, live, present, hw, record)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), ctx.ds_area)?;
         }
