@@ -47,15 +47,16 @@ const STATUS: StatusMsrs = StatusMsrs {
 };
 
 impl IntelPmu {
-    /// `msr_banks` with every field the enumeration does not decide a constant:
-    /// the bank loops inlined into the switch then fold the MSR numbers, the bank positions
-    /// and the kind of control instead of reading them from the map at every step.
+    /// `msr_banks` for a save, with every field the enumeration does not decide a constant
+    /// (the bank loops inlined into the switch then fold the MSR numbers, the bank positions
+    /// and the kind of control instead of reading them from the map at every step), and the
+    /// counter aliases written too: a save never writes a counter, so only the value masks
+    /// are read from the backend.
     #[inline(always)]
-    fn switch_banks(&self) -> [BankMap; 2] {
+    fn save_banks(&self) -> [BankMap; 2] {
         let [gp, fixed] = &self.msr_banks;
         [
             BankMap {
-                counter_writes: gp.counter_writes,
                 value_mask: gp.value_mask,
                 ..GP_BANK_MAP
             },
@@ -66,10 +67,11 @@ impl IntelPmu {
         ]
     }
 
-    /// [`IntelPmu::switch_banks`] for a load, which never reads a counter: the value masks are
-    /// left the constant maps' own, so that the only field the load's compare pass does not
-    /// use (the counter aliases written) is the only one read from the backend, and not even
-    /// that one is kept live where nothing needs writing.
+    /// The same for a load, which never reads a counter: the value masks are the constant
+    /// maps' own, and the general-purpose counter aliases written are the one field read from
+    /// the backend (the fixed counters have one alias). Reading fewer fields keeps fewer
+    /// registers live across the compare pass, which is all a vCPU switched back in where it
+    /// was saved runs.
     #[inline(always)]
     fn load_banks(&self) -> [BankMap; 2] {
         let [gp, _] = &self.msr_banks;
@@ -112,7 +114,7 @@ impl IntelPmu {
             record.set_global(Some(0));
         }
         let overflow = self.collect_overflow(ctx, hw)?;
-        let banks = self.switch_banks();
+        let banks = self.save_banks();
         bank::save(&banks, ctx, live, SaveControls::Keep, hw, record)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), 0)?;
@@ -161,7 +163,12 @@ impl IntelPmu {
         let record = ctx.live_status_bits();
         let recorded = STATUS.fold(hw, record, self.rules.status_bits(), &mut ctx.global_status)?;
         let counters = self.rules.status_counters(recorded);
-        Ok(bank::overflow(&self.switch_banks(), ctx, counters))
+        // Only the banks' positions matter here: the constant maps.
+        Ok(bank::overflow(
+            &[GP_BANK_MAP, FIXED_BANK_MAP],
+            ctx,
+            counters,
+        ))
     }
 
     /// Called, with `ctx` loaded, before a control write turns the interrupt on for `counters`.
