@@ -61,7 +61,14 @@ impl<B: PmuBackend> Vpmu<B> {
             word = self.policy_word();
         }
         let prev = pcpu.current;
-        if prev == next {
+        // Field by field, leaving at the first difference, rather than by the derived
+        // comparison, which evaluates both tags and both fields before it branches.
+        let same = match (prev, next) {
+            (Some(p), Some(n)) => p.domain == n.domain && p.vcpu == n.vcpu,
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
             return Ok(());
         }
         // Both halves reach the switch's state through one pointer to it, built once: closures
