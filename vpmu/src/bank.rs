@@ -186,9 +186,9 @@ pub fn save<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     result
 }
 
-/// [`SaveControls::Keep`]: per bank, one pass reads the counters (the only loop with bus
-/// calls in it) and one records the controls left programmed; the record's masks are updated
-/// once per bank.
+/// [`SaveControls::Keep`]: per bank, one pass reads the counters and records the values read
+/// and, for per-counter controls, the controls left programmed (a shared control is recorded
+/// once after it); the record's masks are updated once per bank.
 #[inline]
 fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
