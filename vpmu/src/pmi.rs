@@ -403,7 +403,10 @@ impl<B: PmuBackend> Vpmu<B> {
         if let Some(dropped) = self.system_drop(profiler) {
             return self.system_unpublished(platform, pcpu, profiler, dropped);
         }
-        let interrupted = platform.interrupted(pcpu.index);
+        // Written into this pCPU's buffer, where the sample borrows the registers from: they
+        // are copied once more, into the page, and nowhere else.
+        platform.interrupted_into(pcpu.index, &mut pcpu.interrupted);
+        let interrupted = &pcpu.interrupted;
         if let Interrupted::Guest { vcpu, .. } = interrupted {
             if vcpu.domain >= XENPMU_DOMID_FIRST_RESERVED {
                 // An integrator's domain id in the reserved range would read as DOMID_SELF,
@@ -438,7 +441,7 @@ impl<B: PmuBackend> Vpmu<B> {
         page.samples += 1;
         let page = *page;
         let here = pcpu.index;
-        let sample = match &interrupted {
+        let sample = match interrupted {
             Interrupted::Guest { vcpu, regs } => Sample {
                 domain_id: if *vcpu == profiler.id {
                     XENPMU_DOMID_SELF
