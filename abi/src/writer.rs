@@ -87,6 +87,7 @@ pub fn sample_flags(regs: &Regs) -> u64 {
 /// Publishes a sample: identity and registers, then `pmu_flags` with `XENPMU_FLAG_CACHED`.
 /// The vendor context must already be in `page.vendor`. The caller raises the PMU VIRQ after
 /// this returns; interrupt delivery orders these stores before the consumer's reads.
+#[inline]
 pub fn publish_sample(page: &mut Page, identity: &Identity, regs: &Regs) {
     page.identity = *identity;
     page.regs = *regs;
@@ -126,6 +127,7 @@ pub struct SampleHead {
 /// [`init_page`]), and only those past the new chain are cleared. The hypervisor keeps that
 /// count itself, never reading the page's `chain_len` back. Returns the new chain's length.
 /// Call it before [`publish_sample`], which sets `XENPMU_FLAG_CACHED` last.
+#[inline]
 pub fn publish_sample_details(
     page: &mut Page,
     head: &SampleHead,

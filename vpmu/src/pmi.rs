@@ -11,7 +11,7 @@
 
 use vpmu_abi::writer::{SampleHead, publish_sample, publish_sample_details, record_dropped_sample};
 use vpmu_abi::{
-    Identity, Regs, XENPMU_CALLCHAIN_MAX, XENPMU_CHAIN_NONE, XENPMU_DOMID_FIRST_RESERVED,
+    Identity, Page, Regs, XENPMU_CALLCHAIN_MAX, XENPMU_CHAIN_NONE, XENPMU_DOMID_FIRST_RESERVED,
     XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF,
 };
 
@@ -69,6 +69,30 @@ struct Details<'c> {
     head: SampleHead,
     chain: &'c [u64],
     chain_end: u32,
+}
+
+impl Details<'_> {
+    /// Writes the whole sample into the page `to`: `ctx` into its vendor area, these details
+    /// (the call-chain entries a previous sample left past the new chain, `stale`, cleared),
+    /// then `identity` and `regs` with the cached flag last. Returns the chain's length.
+    /// One function for the whole write, out of line: it is built once per backend (not per
+    /// platform and caller, as the page-access closures are) and the writers it calls are
+    /// inlined into it, with no call of their own.
+    #[inline(never)]
+    fn write<B: PmuBackend>(
+        &self,
+        backend: &B,
+        ctx: &B::Context,
+        to: &mut Page,
+        identity: &Identity,
+        regs: &Regs,
+        stale: u32,
+    ) -> u32 {
+        backend.context_to_page(ctx, &mut to.vendor);
+        let chain = publish_sample_details(to, &self.head, self.chain, self.chain_end, stale);
+        publish_sample(to, identity, regs);
+        chain
+    }
 }
 
 /// The details of `sample`: the clock, the page's sequence number, what overflowed, and the
@@ -306,16 +330,7 @@ impl<B: PmuBackend> Vpmu<B> {
         let backend = &self.backend;
         let ctx = &vcpu.ctx;
         let written = platform.with_page(page.slot, |to| {
-            backend.context_to_page(ctx, &mut to.vendor);
-            let chain = publish_sample_details(
-                to,
-                &details.head,
-                details.chain,
-                details.chain_end,
-                page.chain_written,
-            );
-            publish_sample(to, &identity, sample.regs);
-            chain
+            details.write(backend, ctx, to, &identity, sample.regs, page.chain_written)
         });
         let Some(chain_written) = written else {
             return Ok(false);
@@ -466,16 +481,7 @@ impl<B: PmuBackend> Vpmu<B> {
         let ctx = &pcpu.system_ctx;
         let backend = &self.backend;
         let written = platform.with_page(page.slot, |to| {
-            backend.context_to_page(ctx, &mut to.vendor);
-            let chain = publish_sample_details(
-                to,
-                &details.head,
-                details.chain,
-                details.chain_end,
-                page.chain_written,
-            );
-            publish_sample(to, &identity, sample.regs);
-            chain
+            details.write(backend, ctx, to, &identity, sample.regs, page.chain_written)
         });
         let Some(chain_written) = written else {
             // The page vanished under us: restart the counters and count the loss.
