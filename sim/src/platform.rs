@@ -322,6 +322,10 @@ impl Platform for SimPlatform {
         self.interrupted[pcpu as usize]
     }
 
+    fn interrupted_into(&self, pcpu: u32, into: &mut Interrupted) {
+        *into = self.interrupted[pcpu as usize];
+    }
+
     fn interruption(&self, pcpu: u32) -> Interruption {
         self.interrupted[pcpu as usize].interruption()
     }

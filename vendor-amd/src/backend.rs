@@ -530,6 +530,7 @@ impl PmuBackend for AmdPmu {
         VendorLayout::Amd(self.page_banks)
     }
 
+    #[inline]
     fn context_to_page(&self, ctx: &AmdContext, area: &mut VendorArea) {
         ctx.to_page(&self.caps, &self.page_banks, area);
     }

@@ -123,6 +123,7 @@ impl AmdContext {
     }
 
     /// Writes this context into `area` through the backend's own `banks`.
+    #[inline]
     pub(crate) fn to_page(&self, caps: &AmdCaps, banks: &AmdBanks, area: &mut VendorArea) {
         let mut fixed = AmdCtxt::default();
         banks.describe_in(&mut fixed);

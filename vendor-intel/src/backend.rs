@@ -158,6 +158,7 @@ impl PmuBackend for IntelPmu {
         VendorLayout::Intel(self.page_banks)
     }
 
+    #[inline]
     fn context_to_page(&self, ctx: &IntelContext, area: &mut VendorArea) {
         self.write_page(ctx, area);
     }

@@ -45,6 +45,7 @@ impl<T> OrRefuse<T> for Result<T, Refused> {
 }
 
 impl IntelPmu {
+    #[inline]
     pub(crate) fn write_page(&self, ctx: &IntelContext, area: &mut VendorArea) {
         let mut ctxt = IntelCtxt {
             global_ctrl: ctx.global_ctrl,

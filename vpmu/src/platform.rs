@@ -172,6 +172,16 @@ pub trait Platform {
     /// What `pcpu` was running when its PMI arrived.
     fn interrupted(&self, pcpu: u32) -> Interrupted;
 
+    /// What `pcpu` was running when its PMI arrived, written into `into`: the same as
+    /// `*into = self.interrupted(pcpu)`, which the default does. The core asks this way for an
+    /// all-mode (system-wide) sample, with `into` a buffer of its own that the sample's
+    /// registers are then read from in place; a platform that keeps the interrupted state in memory can
+    /// override it to copy that state once, straight into `into`, instead of moving it through
+    /// a return value.
+    fn interrupted_into(&self, pcpu: u32, into: &mut Interrupted) {
+        *into = self.interrupted(pcpu);
+    }
+
     /// What `pcpu` was running when its PMI arrived, without the registers (a PMI delivered
     /// through a virtual LVTPC reads none); it must be `interrupted(pcpu).interruption()`.
     /// The default computes exactly that, copying the registers on the way; a platform that

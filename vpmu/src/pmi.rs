@@ -11,7 +11,7 @@
 
 use vpmu_abi::writer::{SampleHead, publish_sample, publish_sample_details, record_dropped_sample};
 use vpmu_abi::{
-    Identity, Regs, XENPMU_CALLCHAIN_MAX, XENPMU_CHAIN_NONE, XENPMU_DOMID_FIRST_RESERVED,
+    Identity, Page, Regs, XENPMU_CALLCHAIN_MAX, XENPMU_CHAIN_NONE, XENPMU_DOMID_FIRST_RESERVED,
     XENPMU_DOMID_HYPERVISOR, XENPMU_DOMID_SELF,
 };
 
@@ -21,7 +21,7 @@ use crate::msr::MsrBus;
 use crate::platform::{
     Diagnostic, Interrupted, Interruption, LvtpcDelivery, Platform, SampledContext, VcpuId,
 };
-use crate::state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState};
+use crate::state::{PcpuPmu, SampleSource, SharedPage, SystemContext, VcpuPmu, VcpuState};
 
 /// What became of a PMI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,34 +63,63 @@ struct Sample<'r> {
     context: SampledContext,
 }
 
-/// The details of a sample (ABI 1.2), gathered before the page is borrowed (the walk reads
-/// through the platform) and written straight into it by `publish_sample_details`.
-struct Details<'c> {
+/// A sample as it goes into the page: its identity and registers, and its details (ABI 1.2),
+/// gathered before the page is borrowed (the walk reads through the platform) and written
+/// straight into it by `Details::write`. One structure, so that the page access takes one
+/// reference to it.
+struct Details<'c, 'r> {
+    identity: Identity,
+    regs: &'r Regs,
     head: SampleHead,
     chain: &'c [u64],
     chain_end: u32,
+    /// Call-chain entries the previous sample in the page wrote (`SharedPage::chain_written`).
+    stale: u32,
 }
 
-/// The details of `sample`: the clock, the page's sequence number, what overflowed, and the
-/// call chain walked now, in the sampled context's address space, into `chain`.
-fn sample_details<'c, P: Platform>(
+impl Details<'_, '_> {
+    /// Writes the whole sample into the page `to`: `ctx` into its vendor area, these details
+    /// (the call-chain entries a previous sample left past the new chain, `stale`, cleared),
+    /// then the identity and registers with the cached flag last. Returns the chain's length.
+    /// One function for the whole write, out of line: it is built once per backend (not per
+    /// platform and caller, as the page-access closures are) and the writers it calls are
+    /// inlined into it, with no call of their own.
+    #[inline(never)]
+    fn write<B: PmuBackend>(&self, backend: &B, ctx: &B::Context, to: &mut Page) -> u32 {
+        backend.context_to_page(ctx, &mut to.vendor);
+        let chain = publish_sample_details(to, &self.head, self.chain, self.chain_end, self.stale);
+        publish_sample(to, &self.identity, self.regs);
+        chain
+    }
+}
+
+/// The details of `sample`, published under `identity`: the clock, the page's sequence
+/// number, what overflowed, and the call chain walked now, in the sampled context's address
+/// space, into `chain` (`stale`: what the page's previous sample wrote). Inlined into its two
+/// callers: its result then stays in registers instead of going through memory.
+#[inline(always)]
+fn sample_details<'c, 'r, P: Platform>(
     platform: &mut P,
-    sample: &Sample,
+    sample: &Sample<'r>,
+    identity: Identity,
     overflow: Overflow,
-    sequence: u64,
+    page: &SharedPage,
     chain: &'c mut [u64; XENPMU_CALLCHAIN_MAX],
-) -> Details<'c> {
+) -> Details<'c, 'r> {
     let head = SampleHead {
         tsc: platform.timestamp(),
         tsc_khz: platform.tsc_khz(),
-        sequence,
+        sequence: page.samples,
         overflowed: overflow.counters.0,
     };
     if !platform.reads_sampled_memory(sample.context) {
         return Details {
+            identity,
+            regs: sample.regs,
             head,
             chain: &[],
             chain_end: XENPMU_CHAIN_NONE,
+            stale: page.chain_written,
         };
     }
     let context = sample.context;
@@ -98,9 +127,12 @@ fn sample_details<'c, P: Platform>(
         platform.read_sampled(context, at, out)
     });
     Details {
+        identity,
+        regs: sample.regs,
         head,
         chain: chain.get(..len as usize).unwrap_or(chain),
         chain_end,
+        stale: page.chain_written,
     }
 }
 
@@ -300,21 +332,10 @@ impl<B: PmuBackend> Vpmu<B> {
         // The sample reports this overflow: it is no longer pending.
         vcpu.pending_pmi = None;
         let identity = self.identity(platform, vcpu.id, pcpu.index, sample);
-        let details = sample_details(platform, sample, overflow, page.samples, &mut pcpu.chain);
+        let details = sample_details(platform, sample, identity, overflow, &page, &mut pcpu.chain);
         let backend = &self.backend;
         let ctx = &vcpu.ctx;
-        let written = platform.with_page(page.slot, |to| {
-            backend.context_to_page(ctx, &mut to.vendor);
-            let chain = publish_sample_details(
-                to,
-                &details.head,
-                details.chain,
-                details.chain_end,
-                page.chain_written,
-            );
-            publish_sample(to, &identity, sample.regs);
-            chain
-        });
+        let written = platform.with_page(page.slot, |to| details.write(backend, ctx, to));
         let Some(chain_written) = written else {
             return Ok(false);
         };
@@ -403,7 +424,10 @@ impl<B: PmuBackend> Vpmu<B> {
         if let Some(dropped) = self.system_drop(profiler) {
             return self.system_unpublished(platform, pcpu, profiler, dropped);
         }
-        let interrupted = platform.interrupted(pcpu.index);
+        // Written into this pCPU's buffer, where the sample borrows the registers from: they
+        // are copied once more, into the page, and nowhere else.
+        platform.interrupted_into(pcpu.index, &mut pcpu.interrupted);
+        let interrupted = &pcpu.interrupted;
         if let Interrupted::Guest { vcpu, .. } = interrupted {
             if vcpu.domain >= XENPMU_DOMID_FIRST_RESERVED {
                 // An integrator's domain id in the reserved range would read as DOMID_SELF,
@@ -438,7 +462,7 @@ impl<B: PmuBackend> Vpmu<B> {
         page.samples += 1;
         let page = *page;
         let here = pcpu.index;
-        let sample = match &interrupted {
+        let sample = match interrupted {
             Interrupted::Guest { vcpu, regs } => Sample {
                 domain_id: if *vcpu == profiler.id {
                     XENPMU_DOMID_SELF
@@ -457,21 +481,17 @@ impl<B: PmuBackend> Vpmu<B> {
             },
         };
         let identity = self.identity(platform, profiler.id, here, &sample);
-        let details = sample_details(platform, &sample, overflow, page.samples, &mut pcpu.chain);
+        let details = sample_details(
+            platform,
+            &sample,
+            identity,
+            overflow,
+            &page,
+            &mut pcpu.chain,
+        );
         let ctx = &pcpu.system_ctx;
         let backend = &self.backend;
-        let written = platform.with_page(page.slot, |to| {
-            backend.context_to_page(ctx, &mut to.vendor);
-            let chain = publish_sample_details(
-                to,
-                &details.head,
-                details.chain,
-                details.chain_end,
-                page.chain_written,
-            );
-            publish_sample(to, &identity, sample.regs);
-            chain
-        });
+        let written = platform.with_page(page.slot, |to| details.write(backend, ctx, to));
         let Some(chain_written) = written else {
             // The page vanished under us: restart the counters and count the loss.
             Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record)?;

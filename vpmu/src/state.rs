@@ -1,13 +1,13 @@
 //! Per-vCPU and per-pCPU state objects, embedded by the integrator in its own vCPU and CPU
 //! structures (the core allocates nothing).
 
-use vpmu_abi::{VendorArea, XENPMU_CALLCHAIN_MAX};
+use vpmu_abi::{Regs, VendorArea, XENPMU_CALLCHAIN_MAX};
 
 use crate::backend::Overflow;
 use crate::bank::HwRecord;
 use crate::core::{Mode, PolicySnapshot};
 use crate::msr::{CountingBus, MsrAccessStats, MsrBus};
-use crate::platform::{PageSlot, VcpuId};
+use crate::platform::{Interrupted, PageSlot, VcpuId};
 
 /// Where the sample cached in a vCPU's page came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,6 +282,12 @@ pub struct PcpuPmu<C, H> {
     /// through the platform, which lends the page only afterwards). Kept here so that a sample
     /// does not clear a stack buffer first: only the entries the walk wrote are ever read.
     pub(crate) chain: [u64; XENPMU_CALLCHAIN_MAX],
+    /// What an all-mode PMI interrupted, as the platform wrote it
+    /// (`Platform::interrupted_into`): the sample borrows its registers from here, so that
+    /// they are copied once on their way into the page, not moved through return values.
+    /// Hypervisor state, like the rest of this structure: never shown to a guest but through
+    /// a sample the core publishes.
+    pub(crate) interrupted: Interrupted,
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
@@ -304,6 +310,10 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
             page_copy: VendorArea::default(),
             page_copy_words,
             chain: [0; XENPMU_CALLCHAIN_MAX],
+            interrupted: Interrupted::Hypervisor {
+                regs: Regs::default(),
+                on_behalf_of: None,
+            },
         }
     }
 

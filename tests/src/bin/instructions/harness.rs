@@ -291,6 +291,10 @@ impl Platform for ExcludedPlatform<'_> {
         platform_call(|| self.0.interrupted(pcpu))
     }
 
+    fn interrupted_into(&self, pcpu: u32, into: &mut Interrupted) {
+        platform_call(|| self.0.interrupted_into(pcpu, into))
+    }
+
     fn interruption(&self, pcpu: u32) -> Interruption {
         platform_call(|| self.0.interruption(pcpu))
     }
