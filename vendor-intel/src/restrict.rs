@@ -31,6 +31,10 @@ pub(crate) fn event_select(rules: &GuestRules, value: u64, policy: &GuestPolicy<
 /// IA32_FIXED_CTR_CTRL, nibble by nibble: each nibble's image is the validator's for that
 /// nibble alone, or 0 if the validator refuses it. `Err` if any nibble was refused.
 pub(crate) fn fixed_ctrl(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_>) -> Restricted {
+    // The common case of a flush (no fixed counter programmed): every nibble is 0.
+    if value == 0 {
+        return Ok(0);
+    }
     let mut image = 0;
     let mut refused = false;
     // A zero nibble is accepted with a zero image: only the non-zero ones are judged.
