@@ -186,6 +186,7 @@ impl GuestRules {
     /// the values it refuses. `union` is every value or-ed together (the caller's pass over the
     /// bank computes it). The rule is a mask, so the bank passes exactly when the union of its
     /// values does: the common case is one test, and only a refused bank is walked.
+    #[inline]
     pub fn full_width_counters_within<const N: usize>(&self, values: &[u64; N], union: u64) -> u32 {
         if self.full_width_counter(union).is_ok() {
             return 0;
@@ -196,6 +197,7 @@ impl GuestRules {
     /// [`GuestRules::fixed_counter`] over a whole bank at once, as
     /// [`GuestRules::full_width_counters_within`], with the slots of `absent` counters (that
     /// must hold 0) refused too: the lowest refused index.
+    #[inline]
     pub fn fixed_counters_within<const N: usize>(
         &self,
         values: &[u64; N],
