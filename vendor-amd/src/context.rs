@@ -1,5 +1,7 @@
 //! A vCPU's AMD PMU state, and its conversion to and from the shared page's vendor area.
 
+use core::mem::offset_of;
+
 use vpmu::abi::{AbiError, AmdBanks, AmdCtxt, VendorArea};
 use vpmu::bank::CounterBanks;
 use vpmu::{ContextError, CounterSet, GuestPolicy, Indices};
@@ -224,7 +226,14 @@ impl AmdContext {
                 in_use |= CounterSet::gp(index).0;
             }
         }
-        let fixed = area.amd_ctxt();
+        // The two registers of `AmdCtxt` (not its geometry words, which are never read back),
+        // each read from its own word: no copy of the whole fixed part. Both lie in the fixed
+        // part, well inside the area (8-byte aligned `repr(C)`, checked by the ABI).
+        let at = |offset: usize| area.words.get(offset / size_of::<u64>()).map_or(0, |&w| w);
+        let (page_global_ctrl, page_global_status) = (
+            at(offset_of!(AmdCtxt, global_ctrl)),
+            at(offset_of!(AmdCtxt, global_status)),
+        );
         let refused = |register, value| ContextError {
             register,
             index: None,
@@ -232,18 +241,18 @@ impl AmdContext {
         };
         let (global_ctl, global_status) = if caps.has_perfmon_v2() {
             (
-                policy::global_ctl(fixed.global_ctrl, caps.counter_mask())
-                    .map_err(|_| refused("global_ctrl", fixed.global_ctrl))?,
-                policy::global_status_from_page(fixed.global_status, saved.global_status)
-                    .map_err(|_| refused("global_status", fixed.global_status))?,
+                policy::global_ctl(page_global_ctrl, caps.counter_mask())
+                    .map_err(|_| refused("global_ctrl", page_global_ctrl))?,
+                policy::global_status_from_page(page_global_status, saved.global_status)
+                    .map_err(|_| refused("global_status", page_global_status))?,
             )
         } else {
             // Without PerfMonV2 these registers do not exist; the only legal content is 0.
-            if fixed.global_ctrl != 0 {
-                return Err(refused("global_ctrl", fixed.global_ctrl));
+            if page_global_ctrl != 0 {
+                return Err(refused("global_ctrl", page_global_ctrl));
             }
-            if fixed.global_status != 0 {
-                return Err(refused("global_status", fixed.global_status));
+            if page_global_status != 0 {
+                return Err(refused("global_status", page_global_status));
             }
             (0, 0)
         };

@@ -2,6 +2,8 @@
 //! through the layout this backend computed: the geometry words in the page are written for the
 //! guest and never read back.
 
+use core::mem::offset_of;
+
 use vpmu::abi::{AbiError, IntelBanks, IntelCtxt, VendorArea};
 use vpmu::{ContextError, CounterSet, GuestPolicy};
 
@@ -53,6 +55,34 @@ fn fixed_refused(values: &[u64; FIXED_SLOTS], index: u32) -> ContextError {
     refused("fixed_counter", Some(index), value)
 }
 
+/// The registers of `IntelCtxt` (not its geometry words, which are never read back), each
+/// read from its own word of the area: no copy of the whole fixed part.
+struct Registers {
+    global_ctrl: u64,
+    global_status: u64,
+    global_ovf_ctrl: u64,
+    fixed_ctrl: u64,
+    ds_area: u64,
+    pebs_enable: u64,
+}
+
+impl Registers {
+    #[inline]
+    fn of(area: &VendorArea) -> Self {
+        // Every field lies in the fixed part, well inside the area (`IntelCtxt` is 8-byte
+        // aligned `repr(C)`, checked by the ABI's layout assertions).
+        let at = |offset: usize| area.words.get(offset / size_of::<u64>()).map_or(0, |&w| w);
+        Registers {
+            global_ctrl: at(offset_of!(IntelCtxt, global_ctrl)),
+            global_status: at(offset_of!(IntelCtxt, global_status)),
+            global_ovf_ctrl: at(offset_of!(IntelCtxt, global_ovf_ctrl)),
+            fixed_ctrl: at(offset_of!(IntelCtxt, fixed_ctrl)),
+            ds_area: at(offset_of!(IntelCtxt, ds_area)),
+            pebs_enable: at(offset_of!(IntelCtxt, pebs_enable)),
+        }
+    }
+}
+
 /// Where the backend's layout puts the banks in the vendor area, as windows of whole slots
 /// (`FIXED_SLOTS` words, `GP_SLOTS` pairs), computed once from [`IntelBanks`]: a flush then
 /// reads every bank in one straight pass. The words of a window past its bank belong to whatever
@@ -74,7 +104,7 @@ pub(crate) struct PageWindows {
 impl PageWindows {
     /// The windows of `banks`, for a PMU whose fixed counters are `fixed_present`. Fails if a
     /// window would reach past the vendor area (it never does for the canonical layout: the
-    /// fixed part, 4 fixed words and 8 pairs take 36 of its words).
+    /// fixed part, 4 fixed words and 8 pairs take 28 of its 128 words).
     pub(crate) fn new(banks: &IntelBanks, fixed_present: u32) -> Result<Self, AbiError> {
         let mut ctxt = IntelCtxt::default();
         banks.describe_in(&mut ctxt);
@@ -180,7 +210,7 @@ impl IntelPmu {
         out: &mut IntelContext,
     ) -> Result<(), ContextError> {
         let rules = &self.rules;
-        let ctxt = area.intel_ctxt();
+        let ctxt = Registers::of(area);
 
         let global_ctrl =
             rules
