@@ -9,7 +9,7 @@ use vpmu::{
 };
 
 use crate::caps::{AmdCaps, EXT_CORE_BANK, EnumerationError, K7_BANK, Lookup};
-use crate::context::AmdContext;
+use crate::context::{AmdContext, PageWindows};
 use crate::msrs::{
     COUNTER_TOP_BIT, GLOBAL_CTL, GLOBAL_STATUS, GLOBAL_STATUS_CLR, MSR_RANGES, Register, ctl,
 };
@@ -42,6 +42,8 @@ pub struct AmdPmu {
     /// Every counter present (`capabilities.all_counters()`, which every load needs).
     present: CounterSet,
     page_banks: AmdBanks,
+    /// `page_banks` as the flush reads it.
+    page_windows: PageWindows,
 }
 
 impl AmdPmu {
@@ -49,12 +51,14 @@ impl AmdPmu {
     pub fn new(caps: AmdCaps) -> Result<Self, BackendError> {
         let page_banks =
             AmdBanks::new(caps.gp_counters()).map_err(vpmu::BackendError::PageLayout)?;
+        let page_windows = PageWindows::new(&page_banks).map_err(vpmu::BackendError::PageLayout)?;
         Ok(Self {
             caps,
             capabilities: caps.pmu_capabilities(),
             present: caps.pmu_capabilities().all_counters(),
             msr_banks: caps.banks(),
             page_banks,
+            page_windows,
         })
     }
 
@@ -542,6 +546,13 @@ impl PmuBackend for AmdPmu {
         guest_policy: &GuestPolicy<'_>,
         out: &mut AmdContext,
     ) -> Result<(), ContextError> {
-        AmdContext::from_page_into(&self.caps, &self.page_banks, area, saved, guest_policy, out)
+        AmdContext::from_page_into(
+            &self.caps,
+            &self.page_windows,
+            area,
+            saved,
+            guest_policy,
+            out,
+        )
     }
 }

@@ -1,6 +1,8 @@
 //! A vCPU's AMD PMU state, and its conversion to and from the shared page's vendor area.
 
-use vpmu::abi::{AmdBanks, AmdCtxt, VendorArea};
+use core::mem::offset_of;
+
+use vpmu::abi::{AbiError, AmdBanks, AmdCtxt, VendorArea};
 use vpmu::bank::CounterBanks;
 use vpmu::{ContextError, CounterSet, GuestPolicy, Indices};
 
@@ -137,15 +139,20 @@ impl AmdContext {
         banks.set_banks(area, &self.counters, &self.guest_ctl);
     }
 
-    /// Verifies a guest-edited `area`, addressing the banks through `banks` (never through the
-    /// geometry words in the area) and checking every register with the WRMSR validators, and
-    /// only if all pass writes the context it describes into `out`: on a refusal `out` is left
-    /// as it was. `saved` is the context the page was filled from: a control left exactly as
-    /// it published it is not refused but restricted ([`policy::restricted_control`]), so an
-    /// unedited page flushes whatever the policy became since.
+    /// Verifies a guest-edited `area`, addressing the banks through `windows` (the backend's
+    /// layout, never the geometry words in the area) and checking every register with the
+    /// WRMSR validators, and only if all pass writes the context it describes into `out`: on a
+    /// refusal `out` is left as it was. `saved` is the context the page was filled from: a
+    /// control left exactly as it published it is not refused but restricted
+    /// ([`policy::restricted_control`]), so an unedited page flushes whatever the policy became
+    /// since.
+    ///
+    /// The banks are read in one straight pass over whole slots; the counters are judged as a
+    /// bank ([`policy::page_counters_within`]) and only the live slots one by one, in the
+    /// page's order (each counter before its control, then the global registers).
     pub(crate) fn from_page_into(
         caps: &AmdCaps,
-        banks: &AmdBanks,
+        windows: &PageWindows,
         area: &VendorArea,
         saved: &AmdContext,
         guest_policy: &GuestPolicy<'_>,
@@ -156,16 +163,32 @@ impl AmdContext {
             index: Some(0),
             value: 0,
         };
-        let counter_bank = banks
-            .counter_bank(area)
-            .map_err(|_| bank_error("counter"))?;
-        let ctrl_bank = banks.ctrl_bank(area).map_err(|_| bank_error("ctrl"))?;
-        // A counter and control both 0 pass every validator as 0, and so do the slots past
-        // the banks: only the others ("live") are judged, lowest index first.
-        let mut live_set = 0u64;
-        for ((index, &counter), &control) in (0..N).zip(counter_bank).zip(ctrl_bank) {
-            live_set |= u64::from(counter | control != 0) << index;
+        let Some(counter_window) = windows.counters(area) else {
+            return Err(bank_error("counter"));
+        };
+        let Some(ctrl_window) = windows.ctrls(area) else {
+            return Err(bank_error("ctrl"));
+        };
+        // A counter and control both 0 pass every validator as 0: only the others ("live")
+        // are judged, lowest index first; most slots are not live (a branch each).
+        let mut counters = *counter_window;
+        let mut guest_ctl = *ctrl_window;
+        let mut union = 0u64;
+        let mut live_set = 0u32;
+        for (i, (&counter, &control)) in counters.iter().zip(&guest_ctl).enumerate() {
+            union |= counter;
+            if counter | control != 0 {
+                live_set |= 1 << i;
+            }
         }
+        if windows.partial {
+            // The words of a window past its bank are not the bank's: 0, as the context holds
+            // the slots past the bank.
+            windows.trim(&mut counters, &mut guest_ctl);
+            live_set &= windows.slots;
+            union = counters.iter().fold(0, |union, &value| union | value);
+        }
+        let bad_counters = policy::page_counters_within(&counters, union);
         let mut hw_ctl = [0u64; N];
         let mut armed = 0u64;
         let mut in_use = 0u64;
@@ -174,9 +197,9 @@ impl AmdContext {
             let index = live.trailing_zeros();
             live &= live - 1;
             let i = index as usize;
-            let (Some(&raw_counter), Some(&raw_ctl), Some(&published), Some(hardware)) = (
-                counter_bank.get(i),
-                ctrl_bank.get(i),
+            let (Some(&counter), Some(&raw_ctl), Some(&published), Some(hardware)) = (
+                counters.get(i),
+                guest_ctl.get(i),
                 saved.guest_ctl.get(i),
                 hw_ctl.get_mut(i),
             ) else {
@@ -187,10 +210,9 @@ impl AmdContext {
                 index: Some(index),
                 value,
             };
-            let counter =
-                policy::page_counter(raw_counter).map_err(|_| refused("counter", raw_counter))?;
-            // The page's value is taken as it is or refused: the commit below copies it.
-            debug_assert_eq!(counter, raw_counter);
+            if bad_counters & (1 << index) != 0 {
+                return Err(refused("counter", counter));
+            }
             if counter & COUNTER_TOP_BIT != 0 {
                 armed |= CounterSet::gp(index).0;
             }
@@ -205,7 +227,14 @@ impl AmdContext {
                 in_use |= CounterSet::gp(index).0;
             }
         }
-        let fixed = area.amd_ctxt();
+        // The two registers of `AmdCtxt` (not its geometry words, which are never read back),
+        // each read from its own word: no copy of the whole fixed part. Both lie in the fixed
+        // part, well inside the area (8-byte aligned `repr(C)`, checked by the ABI).
+        let at = |offset: usize| area.words.get(offset / size_of::<u64>()).map_or(0, |&w| w);
+        let (page_global_ctrl, page_global_status) = (
+            at(offset_of!(AmdCtxt, global_ctrl)),
+            at(offset_of!(AmdCtxt, global_status)),
+        );
         let refused = |register, value| ContextError {
             register,
             index: None,
@@ -213,34 +242,25 @@ impl AmdContext {
         };
         let (global_ctl, global_status) = if caps.has_perfmon_v2() {
             (
-                policy::global_ctl(fixed.global_ctrl, caps.counter_mask())
-                    .map_err(|_| refused("global_ctrl", fixed.global_ctrl))?,
-                policy::global_status_from_page(fixed.global_status, saved.global_status)
-                    .map_err(|_| refused("global_status", fixed.global_status))?,
+                policy::global_ctl(page_global_ctrl, caps.counter_mask())
+                    .map_err(|_| refused("global_ctrl", page_global_ctrl))?,
+                policy::global_status_from_page(page_global_status, saved.global_status)
+                    .map_err(|_| refused("global_status", page_global_status))?,
             )
         } else {
             // Without PerfMonV2 these registers do not exist; the only legal content is 0.
-            if fixed.global_ctrl != 0 {
-                return Err(refused("global_ctrl", fixed.global_ctrl));
+            if page_global_ctrl != 0 {
+                return Err(refused("global_ctrl", page_global_ctrl));
             }
-            if fixed.global_status != 0 {
-                return Err(refused("global_status", fixed.global_status));
+            if page_global_status != 0 {
+                return Err(refused("global_status", page_global_status));
             }
             (0, 0)
         };
 
         // Verified: from here on nothing fails.
-        out.counters = [0; N];
-        out.guest_ctl = [0; N];
-        for ((counter, control), (&raw_counter, &raw_ctl)) in out
-            .counters
-            .iter_mut()
-            .zip(out.guest_ctl.iter_mut())
-            .zip(counter_bank.iter().zip(ctrl_bank))
-        {
-            *counter = raw_counter;
-            *control = raw_ctl;
-        }
+        out.counters = counters;
+        out.guest_ctl = guest_ctl;
         out.hw_ctl = hw_ctl;
         out.global_ctl = global_ctl;
         out.global_status = global_status;
@@ -248,6 +268,67 @@ impl AmdContext {
         out.in_use = CounterSet(in_use);
         debug_assert_eq!(out.in_use, out.enabled_on_hardware());
         Ok(())
+    }
+}
+
+/// Where the backend's layout puts the two banks in the vendor area, as windows of `N` words
+/// each, computed once from [`AmdBanks`]: a flush reads both banks in one straight pass. The
+/// words of a window past its bank (a PMU with fewer counters than slots) belong to whatever
+/// follows it: they are zeroed (`trim`), never judged and never loaded. Only the backend's
+/// layout is used: the geometry words in the page are the guest's to scribble on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PageWindows {
+    counters_word: usize,
+    ctrls_word: usize,
+    /// The slots inside the banks, as a bitmap, and whether the windows reach past them.
+    slots: u32,
+    partial: bool,
+}
+
+impl PageWindows {
+    /// The windows of `banks`. Fails if a window would reach past the vendor area (it never
+    /// does for the canonical layout: the fixed part and two banks of 6 take 20 of its 128
+    /// words).
+    pub(crate) fn new(banks: &AmdBanks) -> Result<Self, AbiError> {
+        let mut ctxt = AmdCtxt::default();
+        banks.describe_in(&mut ctxt);
+        let word = |bytes: u32| bytes as usize / size_of::<u64>();
+        let (counters_word, ctrls_word) = (word(ctxt.counters), word(ctxt.ctrls));
+        let area_words = VendorArea::default().words.len();
+        for (bank, start) in [("amd counters", counters_word), ("amd ctrls", ctrls_word)] {
+            if start + N > area_words {
+                return Err(AbiError::BankOutOfBounds {
+                    bank,
+                    offset: start * size_of::<u64>(),
+                    count: ctxt.counter_count as usize,
+                });
+            }
+        }
+        let slots = ((1u64 << ctxt.counter_count.min(N as u32)) - 1) as u32;
+        Ok(PageWindows {
+            counters_word,
+            ctrls_word,
+            slots,
+            partial: slots != SLOT_BITS,
+        })
+    }
+
+    fn counters<'a>(&self, area: &'a VendorArea) -> Option<&'a [u64; N]> {
+        area.words.get(self.counters_word..)?.first_chunk()
+    }
+
+    fn ctrls<'a>(&self, area: &'a VendorArea) -> Option<&'a [u64; N]> {
+        area.words.get(self.ctrls_word..)?.first_chunk()
+    }
+
+    /// Zeroes the slots read past the banks.
+    #[cold]
+    fn trim(&self, counters: &mut [u64; N], controls: &mut [u64; N]) {
+        for (i, (counter, control)) in counters.iter_mut().zip(controls).enumerate() {
+            if self.slots & 1 << i == 0 {
+                (*counter, *control) = (0, 0);
+            }
+        }
     }
 }
 

@@ -41,6 +41,26 @@ pub fn page_counter(value: u64) -> Result<u64, Refused> {
     Ok(value)
 }
 
+/// [`page_counter`] over a whole bank at once (a flush): the bitmap of the values it refuses.
+/// `union` is every value or-ed together (the caller's pass over the bank computes it). The
+/// rule is a mask, so the bank passes exactly when the union of its values does: the common
+/// case is one test, and only a refused bank is walked.
+pub fn page_counters_within<const N: usize>(values: &[u64; N], union: u64) -> u32 {
+    if page_counter(union).is_ok() {
+        return 0;
+    }
+    refused_counters(values)
+}
+
+#[cold]
+#[inline(never)]
+fn refused_counters<const N: usize>(values: &[u64; N]) -> u32 {
+    (0u32..)
+        .zip(values)
+        .filter(|&(_, &value)| page_counter(value).is_err())
+        .fold(0, |bits, (index, _)| bits | 1 << index)
+}
+
 /// PERF_CTLn under `policy`.
 ///
 /// * Reserved bits ([`ctl::RESERVED`]) are refused.

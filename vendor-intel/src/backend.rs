@@ -14,6 +14,7 @@ use crate::caps::{EnumerationError, IntelCaps};
 use crate::context::IntelContext;
 use crate::msrs::IntelMsr;
 use crate::msrs::MSR_RANGES;
+use crate::page::PageWindows;
 use crate::policy::GuestRules;
 
 /// Why an [`IntelPmu`] could not be built.
@@ -30,12 +31,16 @@ pub struct IntelPmu {
     /// Every counter present (`capabilities.all_counters()`, which every load needs).
     pub(crate) present: CounterSet,
     pub(crate) page_banks: IntelBanks,
+    /// `page_banks` as the flush reads it.
+    pub(crate) page_windows: PageWindows,
 }
 
 impl IntelPmu {
     /// The backend for the PMU `caps` describes.
     pub fn new(caps: IntelCaps) -> Result<Self, BackendError> {
         let page_banks = IntelBanks::new(caps.fixed_bank_len(), caps.gp_counters())
+            .map_err(vpmu::BackendError::PageLayout)?;
+        let page_windows = PageWindows::new(&page_banks, caps.fixed_counters())
             .map_err(vpmu::BackendError::PageLayout)?;
         Ok(IntelPmu {
             caps,
@@ -44,6 +49,7 @@ impl IntelPmu {
             rules: GuestRules::new(&caps),
             msr_banks: caps.banks(),
             page_banks,
+            page_windows,
         })
     }
 

@@ -2,7 +2,9 @@
 //! through the layout this backend computed: the geometry words in the page are written for the
 //! guest and never read back.
 
-use vpmu::abi::{IntelCtxt, VendorArea};
+use core::mem::offset_of;
+
+use vpmu::abi::{AbiError, IntelBanks, IntelCtxt, VendorArea};
 use vpmu::{ContextError, CounterSet, GuestPolicy};
 
 use crate::backend::IntelPmu;
@@ -44,6 +46,129 @@ impl<T> OrRefuse<T> for Result<T, Refused> {
     }
 }
 
+/// The first refused fixed counter, `index`, as the flush reports it. Out of line: only a
+/// refused page gets here.
+#[cold]
+#[inline(never)]
+fn fixed_refused(values: &[u64; FIXED_SLOTS], index: u32) -> ContextError {
+    let value = values.get(index as usize).map_or(0, |&value| value);
+    refused("fixed_counter", Some(index), value)
+}
+
+/// The registers of `IntelCtxt` (not its geometry words, which are never read back), each
+/// read from its own word of the area: no copy of the whole fixed part.
+struct Registers {
+    global_ctrl: u64,
+    global_status: u64,
+    global_ovf_ctrl: u64,
+    fixed_ctrl: u64,
+    ds_area: u64,
+    pebs_enable: u64,
+}
+
+impl Registers {
+    #[inline]
+    fn of(area: &VendorArea) -> Self {
+        // Every field lies in the fixed part, well inside the area (`IntelCtxt` is 8-byte
+        // aligned `repr(C)`, checked by the ABI's layout assertions).
+        let at = |offset: usize| area.words.get(offset / size_of::<u64>()).map_or(0, |&w| w);
+        Registers {
+            global_ctrl: at(offset_of!(IntelCtxt, global_ctrl)),
+            global_status: at(offset_of!(IntelCtxt, global_status)),
+            global_ovf_ctrl: at(offset_of!(IntelCtxt, global_ovf_ctrl)),
+            fixed_ctrl: at(offset_of!(IntelCtxt, fixed_ctrl)),
+            ds_area: at(offset_of!(IntelCtxt, ds_area)),
+            pebs_enable: at(offset_of!(IntelCtxt, pebs_enable)),
+        }
+    }
+}
+
+/// Where the backend's layout puts the banks in the vendor area, as windows of whole slots
+/// (`FIXED_SLOTS` words, `GP_SLOTS` pairs), computed once from [`IntelBanks`]: a flush then
+/// reads every bank in one straight pass. The words of a window past its bank belong to whatever
+/// follows it (the next bank, or nothing): they are masked to 0 (`*_keep`), never judged and
+/// never loaded. Only the backend's layout is used: the geometry words in the page are the
+/// guest's to scribble on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PageWindows {
+    fixed_word: usize,
+    gp_word: usize,
+    /// The slots inside each bank, as bitmaps, and whether a window reaches past its bank.
+    fixed_slots: u32,
+    gp_slots: u32,
+    partial: bool,
+    /// The fixed counters present (a v5 bitmap may leave holes in the bank).
+    fixed_present: u32,
+}
+
+impl PageWindows {
+    /// The windows of `banks`, for a PMU whose fixed counters are `fixed_present`. Fails if a
+    /// window would reach past the vendor area (it never does for the canonical layout: the
+    /// fixed part, 4 fixed words and 8 pairs take 28 of its 128 words).
+    pub(crate) fn new(banks: &IntelBanks, fixed_present: u32) -> Result<Self, AbiError> {
+        let mut ctxt = IntelCtxt::default();
+        banks.describe_in(&mut ctxt);
+        let word = |bytes: u32| bytes as usize / size_of::<u64>();
+        let (fixed_word, gp_word) = (word(ctxt.fixed_counters), word(ctxt.arch_counters));
+        let area_words = VendorArea::default().words.len();
+        let fits = |bank, start: usize, words: usize, count: u32| {
+            if start + words <= area_words {
+                Ok(())
+            } else {
+                Err(AbiError::BankOutOfBounds {
+                    bank,
+                    offset: start * size_of::<u64>(),
+                    count: count as usize,
+                })
+            }
+        };
+        fits("intel fixed", fixed_word, FIXED_SLOTS, ctxt.fixed_count)?;
+        fits("intel arch", gp_word, 2 * GP_SLOTS, ctxt.arch_count)?;
+        let slots = |count: u32, limit: usize| ((1u64 << count.min(limit as u32)) - 1) as u32;
+        let (fixed_slots, gp_slots) = (
+            slots(ctxt.fixed_count, FIXED_SLOTS),
+            slots(ctxt.arch_count, GP_SLOTS),
+        );
+        Ok(PageWindows {
+            fixed_word,
+            gp_word,
+            fixed_slots,
+            gp_slots,
+            partial: fixed_slots != (1 << FIXED_SLOTS) - 1 || gp_slots != (1 << GP_SLOTS) - 1,
+            fixed_present,
+        })
+    }
+
+    /// Zeroes the slots read past the banks (a PMU with fewer counters than slots).
+    #[cold]
+    fn trim(
+        &self,
+        fixed: &mut [u64; FIXED_SLOTS],
+        counters: &mut [u64; GP_SLOTS],
+        controls: &mut [u64; GP_SLOTS],
+    ) {
+        for (i, value) in fixed.iter_mut().enumerate() {
+            if self.fixed_slots & 1 << i == 0 {
+                *value = 0;
+            }
+        }
+        for (i, (counter, control)) in counters.iter_mut().zip(controls).enumerate() {
+            if self.gp_slots & 1 << i == 0 {
+                (*counter, *control) = (0, 0);
+            }
+        }
+    }
+
+    fn fixed<'a>(&self, area: &'a VendorArea) -> Option<&'a [u64; FIXED_SLOTS]> {
+        area.words.get(self.fixed_word..)?.first_chunk()
+    }
+
+    /// Counter `i` at word `2i`, its control at `2i + 1` (`CounterPair`).
+    fn gp<'a>(&self, area: &'a VendorArea) -> Option<&'a [u64; 2 * GP_SLOTS]> {
+        area.words.get(self.gp_word..)?.first_chunk()
+    }
+}
+
 impl IntelPmu {
     #[inline]
     pub(crate) fn write_page(&self, ctx: &IntelContext, area: &mut VendorArea) {
@@ -72,6 +197,12 @@ impl IntelPmu {
     /// FIXED_CTR_CTRL, DS_AREA) left exactly as `saved` publishes it was legal when published:
     /// it is not refused but given the hardware image [`restrict`] computes under `policy`, so
     /// an unedited page always flushes whatever the policy became since.
+    ///
+    /// The banks are read as whole-slot windows ([`PageWindows`]) in one straight pass; the
+    /// counters are judged a bank at a time ([`GuestRules::fixed_counters_within`],
+    /// [`GuestRules::full_width_counters_within`]), and only the non-zero controls go through
+    /// their validator one by one. Violations are still reported in the page's order: the
+    /// fixed part, then each fixed counter, then each GP counter before its control.
     pub(crate) fn read_page_into(
         &self,
         area: &VendorArea,
@@ -80,7 +211,7 @@ impl IntelPmu {
         out: &mut IntelContext,
     ) -> Result<(), ContextError> {
         let rules = &self.rules;
-        let ctxt = area.intel_ctxt();
+        let ctxt = Registers::of(area);
 
         let global_ctrl =
             rules
@@ -115,87 +246,83 @@ impl IntelPmu {
             .pebs_enable(ctxt.pebs_enable)
             .or_refuse("pebs_enable", None, ctxt.pebs_enable)?;
 
-        // Entries whose value and control are both 0 pass every validator as 0, and so do the
-        // slots past the banks: only the others ("live") are judged, lowest index first.
-        let fixed = self
-            .page_banks
-            .fixed_bank(area)
-            .map_err(|_| refused("fixed_counter", Some(0), 0))?;
-        let pairs = self
-            .page_banks
-            .arch_bank(area)
-            .map_err(|_| refused("counter", Some(0), 0))?;
-        let mut fixed_live = 0u64;
-        for (index, &value) in (0..FIXED_SLOTS).zip(fixed) {
-            fixed_live |= u64::from(value != 0) << index;
-        }
-        let mut gp_live = 0u64;
-        for (index, pair) in (0..GP_SLOTS).zip(pairs) {
-            gp_live |= u64::from(pair.counter | pair.control != 0) << index;
-        }
-        let mut live = fixed_live;
-        while live != 0 {
-            let index = live.trailing_zeros();
-            live &= live - 1;
-            let value = fixed.get(index as usize).map_or(0, |&value| value);
-            if !self.caps.has_fixed(index) {
-                // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
-                return Err(refused("fixed_counter", Some(index), value));
+        let windows = &self.page_windows;
+        let Some(fixed) = windows.fixed(area) else {
+            return Err(refused("fixed_counter", Some(0), 0));
+        };
+        let Some(gp) = windows.gp(area) else {
+            return Err(refused("counter", Some(0), 0));
+        };
+        // One pass over every slot. Entries whose value and control are both 0 pass every
+        // validator as 0: only the others ("live") can be refused or count, and most slots
+        // are not live (a branch each, then nothing).
+        let mut fixed_counters = *fixed;
+        let mut fixed_union = 0u64;
+        let mut fixed_live = 0u32;
+        for (i, &value) in fixed_counters.iter().enumerate() {
+            fixed_union |= value;
+            if value != 0 {
+                fixed_live |= 1 << i;
             }
-            let accepted =
-                rules
-                    .fixed_counter(value)
-                    .or_refuse("fixed_counter", Some(index), value)?;
-            // Counter validators take a value as it is or refuse it: the commit below copies
-            // the page's.
-            debug_assert_eq!(accepted, value);
         }
+        let mut gp_counters = [0u64; GP_SLOTS];
+        let mut event_selects = [0u64; GP_SLOTS];
+        let mut gp_union = 0u64;
+        let mut gp_live = 0u32;
+        for i in 0..GP_SLOTS {
+            let (counter, control) = (gp[2 * i], gp[2 * i + 1]);
+            gp_counters[i] = counter;
+            event_selects[i] = control;
+            gp_union |= counter;
+            if counter | control != 0 {
+                gp_live |= 1 << i;
+            }
+        }
+        if windows.partial {
+            // The words of a window past its bank are not the bank's: 0, as the context holds
+            // the slots past the banks.
+            windows.trim(&mut fixed_counters, &mut gp_counters, &mut event_selects);
+            fixed_live &= windows.fixed_slots;
+            gp_live &= windows.gp_slots;
+            fixed_union = fixed_counters.iter().fold(0, |union, &value| union | value);
+            gp_union = gp_counters.iter().fold(0, |union, &value| union | value);
+        }
+        // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
+        let holes = fixed_live & !windows.fixed_present;
+        if let Err(index) = rules.fixed_counters_within(&fixed_counters, fixed_union, holes) {
+            return Err(fixed_refused(&fixed_counters, index));
+        }
+        let bad_counters = rules.full_width_counters_within(&gp_counters, gp_union);
         let mut event_selects_hw = [0u64; GP_SLOTS];
-        let mut live = gp_live;
-        while live != 0 {
-            let index = live.trailing_zeros();
-            live &= live - 1;
+        let mut judged = gp_live;
+        while judged != 0 {
+            let index = judged.trailing_zeros();
+            judged &= judged - 1;
             let i = index as usize;
-            let (Some(pair), Some(&published), Some(image)) = (
-                pairs.get(i),
+            let (Some(&counter), Some(&control), Some(&published), Some(image)) = (
+                gp_counters.get(i),
+                event_selects.get(i),
                 saved.event_selects.get(i),
                 event_selects_hw.get_mut(i),
             ) else {
                 continue;
             };
-            let accepted = rules.full_width_counter(pair.counter).or_refuse(
-                "counter",
-                Some(index),
-                pair.counter,
-            )?;
-            debug_assert_eq!(accepted, pair.counter);
-            *image = if pair.control == published {
-                unedited(restrict::event_select(rules, pair.control, policy))
+            if bad_counters & (1 << index) != 0 {
+                return Err(refused("counter", Some(index), counter));
+            }
+            *image = if control == published {
+                unedited(restrict::event_select(rules, control, policy))
             } else {
-                rules.event_select(pair.control, policy).or_refuse(
-                    "evtsel",
-                    Some(index),
-                    pair.control,
-                )?
+                rules
+                    .event_select(control, policy)
+                    .or_refuse("evtsel", Some(index), control)?
             };
         }
 
         // Verified: from here on nothing fails.
-        out.fixed_counters = [0; FIXED_SLOTS];
-        for (slot, &value) in out.fixed_counters.iter_mut().zip(fixed) {
-            *slot = value;
-        }
-        out.gp_counters = [0; GP_SLOTS];
-        out.event_selects = [0; GP_SLOTS];
-        for ((counter, control), pair) in out
-            .gp_counters
-            .iter_mut()
-            .zip(out.event_selects.iter_mut())
-            .zip(pairs)
-        {
-            *counter = pair.counter;
-            *control = pair.control;
-        }
+        out.fixed_counters = fixed_counters;
+        out.gp_counters = gp_counters;
+        out.event_selects = event_selects;
         out.event_selects_hw = event_selects_hw;
         out.fixed_ctrl = ctxt.fixed_ctrl;
         out.fixed_ctrl_hw = fixed_ctrl_hw;
@@ -203,9 +330,10 @@ impl IntelPmu {
         out.global_status = ctxt.global_status & !acknowledged;
         out.ds_area = ds_area;
         // In use: a non-zero value or control (`IntelContext::recompute_in_use`).
-        let fixed_ctrl_live =
-            u64::from(restrict::nibble_mask(ctxt.fixed_ctrl)) & ((1 << FIXED_SLOTS) - 1);
-        out.in_use = CounterSet(gp_live | (fixed_live | fixed_ctrl_live) << CounterSet::FIXED_BASE);
+        let fixed_ctrl_live = restrict::nibble_mask(ctxt.fixed_ctrl) & ((1 << FIXED_SLOTS) - 1);
+        out.in_use = CounterSet(
+            u64::from(gp_live) | u64::from(fixed_live | fixed_ctrl_live) << CounterSet::FIXED_BASE,
+        );
         #[cfg(debug_assertions)]
         {
             let mut check = out.clone();

@@ -52,6 +52,16 @@ fn restricted_events(features: u64) -> Option<&'static [u16]> {
     }
 }
 
+/// The bitmap of the indices of `values` that `refuses` refuses (a refused bank only).
+#[cold]
+#[inline(never)]
+fn refused_indices<const N: usize>(values: &[u64; N], refuses: impl Fn(u64) -> bool) -> u32 {
+    (0u32..)
+        .zip(values)
+        .filter(|&(_, &value)| refuses(value))
+        .fold(0, |bits, (index, _)| bits | 1 << index)
+}
+
 fn is_canonical_48(address: u64) -> bool {
     (((address << 16) as i64) >> 16) as u64 == address
 }
@@ -170,6 +180,38 @@ impl GuestRules {
     /// IA32_FIXED_CTRx: bits above the fixed width are refused (Xen).
     pub fn fixed_counter(&self, value: u64) -> Result<u64, Refused> {
         self.within(value, self.fixed_value_mask)
+    }
+
+    /// [`GuestRules::full_width_counter`] over a whole bank at once (a flush): the bitmap of
+    /// the values it refuses. `union` is every value or-ed together (the caller's pass over the
+    /// bank computes it). The rule is a mask, so the bank passes exactly when the union of its
+    /// values does: the common case is one test, and only a refused bank is walked.
+    #[inline]
+    pub fn full_width_counters_within<const N: usize>(&self, values: &[u64; N], union: u64) -> u32 {
+        if self.full_width_counter(union).is_ok() {
+            return 0;
+        }
+        refused_indices(values, |value| self.full_width_counter(value).is_err())
+    }
+
+    /// [`GuestRules::fixed_counter`] over a whole bank at once, as
+    /// [`GuestRules::full_width_counters_within`], with the slots of `absent` counters (that
+    /// must hold 0) refused too: the lowest refused index.
+    #[inline]
+    pub fn fixed_counters_within<const N: usize>(
+        &self,
+        values: &[u64; N],
+        union: u64,
+        absent: u32,
+    ) -> Result<(), u32> {
+        if absent == 0 && self.fixed_counter(union).is_ok() {
+            return Ok(());
+        }
+        let refused = absent | refused_indices(values, |value| self.fixed_counter(value).is_err());
+        match refused {
+            0 => Ok(()),
+            _ => Err(refused.trailing_zeros()),
+        }
     }
 
     /// IA32_DS_AREA. 0 (the reset value, which enables nothing) is always accepted, so that a

@@ -297,3 +297,29 @@ fn flush_applies_features_and_filter_like_wrmsr() {
     edit_ctxt(&mut area, |c| c.ds_area = 0xffff_8000_0000_0000);
     assert!(m.pmu.context_from_page(&area, &ctx, &bts).is_ok());
 }
+
+/// A PMU with fewer counters than the context has slots (v2: 4 GP, 3 fixed): the banks are
+/// shorter than the windows a flush reads them through, so the words past each bank (the GP
+/// bank right after the fixed one, then whatever follows) are not the bank's and must neither
+/// be judged nor loaded.
+#[test]
+fn words_past_short_banks_are_not_the_banks() {
+    let mut m = Machine::v2();
+    let mut vcpu = m.vcpu();
+    m.load(&mut vcpu);
+    m.set(&mut vcpu, PMC0, 0x1234);
+    m.set(&mut vcpu, EVTSEL0, ENABLE_ALL_RINGS | BRANCHES);
+    m.set(&mut vcpu, FIXED_CTR0 + 2, 0x42);
+    m.save(&mut vcpu);
+    let ctx = vcpu.ctx;
+    let mut area = area_of(&m, &ctx);
+    let ctxt = area.intel_ctxt();
+    assert_eq!((ctxt.fixed_count, ctxt.arch_count), (3, 4));
+    assert_eq!(flush(&m, &area, &ctx), Ok(ctx.clone()));
+    // Past the GP bank: words no bank owns, anything at all in them.
+    let past = (ctxt.arch_counters as usize) / 8 + 2 * ctxt.arch_count as usize;
+    for word in &mut area.words[past..past + 8] {
+        *word = u64::MAX;
+    }
+    assert_eq!(flush(&m, &area, &ctx), Ok(ctx));
+}
