@@ -55,6 +55,37 @@ impl MsrAccessStats {
     pub fn total(&self) -> u64 {
         self.reads + self.writes
     }
+
+    /// Reads `msr` through `bus`, counted here (a fault is counted on the error path only).
+    #[inline]
+    pub(crate) fn read_through<B: MsrBus + ?Sized>(
+        &mut self,
+        bus: &mut B,
+        msr: Msr,
+    ) -> Result<u64, MsrFault> {
+        self.reads += 1;
+        let result = bus.read(msr);
+        if result.is_err() {
+            self.faults += 1;
+        }
+        result
+    }
+
+    /// Writes `value` to `msr` through `bus`, counted here.
+    #[inline]
+    pub(crate) fn write_through<B: MsrBus + ?Sized>(
+        &mut self,
+        bus: &mut B,
+        msr: Msr,
+        value: u64,
+    ) -> Result<(), MsrFault> {
+        self.writes += 1;
+        let result = bus.write(msr, value);
+        if result.is_err() {
+            self.faults += 1;
+        }
+        result
+    }
 }
 
 impl core::ops::Sub for MsrAccessStats {
@@ -111,22 +142,12 @@ impl<B: MsrBus> CountingBus<B> {
 impl<B: MsrBus> MsrBus for CountingBus<B> {
     #[inline]
     fn read(&mut self, msr: Msr) -> Result<u64, MsrFault> {
-        self.stats.reads += 1;
-        let result = self.inner.read(msr);
-        if result.is_err() {
-            self.stats.faults += 1;
-        }
-        result
+        self.stats.read_through(&mut self.inner, msr)
     }
 
     #[inline]
     fn write(&mut self, msr: Msr, value: u64) -> Result<(), MsrFault> {
-        self.stats.writes += 1;
-        let result = self.inner.write(msr, value);
-        if result.is_err() {
-            self.stats.faults += 1;
-        }
-        result
+        self.stats.write_through(&mut self.inner, msr, value)
     }
 }
 

@@ -10,25 +10,14 @@ pub(super) struct ChargedBus<'a, H> {
     pub(super) stats: &'a mut MsrAccessStats,
 }
 
-// Faults are counted on the error path only, as by `CountingBus`.
 impl<H: MsrBus> MsrBus for ChargedBus<'_, H> {
     #[inline]
     fn read(&mut self, msr: Msr) -> Result<u64, MsrFault> {
-        self.stats.reads += 1;
-        let result = self.hw.read(msr);
-        if result.is_err() {
-            self.stats.faults += 1;
-        }
-        result
+        self.stats.read_through(self.hw, msr)
     }
 
     #[inline]
     fn write(&mut self, msr: Msr, value: u64) -> Result<(), MsrFault> {
-        self.stats.writes += 1;
-        let result = self.hw.write(msr, value);
-        if result.is_err() {
-            self.stats.faults += 1;
-        }
-        result
+        self.stats.write_through(self.hw, msr, value)
     }
 }
