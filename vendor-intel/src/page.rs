@@ -330,7 +330,12 @@ impl IntelPmu {
         out.global_status = ctxt.global_status & !acknowledged;
         out.ds_area = ds_area;
         // In use: a non-zero value or control (`IntelContext::recompute_in_use`).
-        let fixed_ctrl_live = restrict::nibble_mask(ctxt.fixed_ctrl) & ((1 << FIXED_SLOTS) - 1);
+        // No fixed counter programmed is the common case: no nibble to gather.
+        let fixed_ctrl_live = if ctxt.fixed_ctrl == 0 {
+            0
+        } else {
+            restrict::nibble_mask(ctxt.fixed_ctrl) & ((1 << FIXED_SLOTS) - 1)
+        };
         out.in_use = CounterSet(
             u64::from(gp_live) | u64::from(fixed_live | fixed_ctrl_live) << CounterSet::FIXED_BASE,
         );
