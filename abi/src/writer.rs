@@ -190,7 +190,8 @@ pub fn copy_vendor_area(page: &Page) -> VendorArea {
 /// hypervisor checks and loads. The rest of `into` is left as it was; nothing addressed
 /// through the layout lies there. A hot path that keeps its `into` from call to call (and
 /// wipes it with [`clear_vendor_words`]) copies a few hundred bytes instead of moving the
-/// whole area.
+/// whole area. Inlined: a flush calls it once, a library call (the copy's own) in its place.
+#[inline]
 pub fn copy_vendor_words(page: &Page, words: usize, into: &mut VendorArea) {
     let used = words.min(into.words.len());
     if let (Some(to), Some(from)) = (into.words.get_mut(..used), page.vendor.words.get(..used)) {
@@ -199,7 +200,9 @@ pub fn copy_vendor_words(page: &Page, words: usize, into: &mut VendorArea) {
 }
 
 /// Zeroes the first `words` words of a copy made by [`copy_vendor_words`], once it has been
-/// verified: a copy kept from call to call then holds no guest data between calls.
+/// verified: a copy kept from call to call then holds no guest data between calls. Inlined,
+/// as [`copy_vendor_words`].
+#[inline]
 pub fn clear_vendor_words(copy: &mut VendorArea, words: usize) {
     let used = words.min(copy.words.len());
     if let Some(words) = copy.words.get_mut(..used) {

@@ -257,12 +257,14 @@ impl IntelPmu {
         // validator as 0: only the others ("live") can be refused or count, and most slots
         // are not live (a branch each, then nothing).
         let mut fixed_counters = *fixed;
-        let mut fixed_union = 0u64;
+        let mut fixed_union = fixed_counters.iter().fold(0, |union, &value| union | value);
+        // A profiler that programs no fixed counter leaves the bank 0: nothing live in it.
         let mut fixed_live = 0u32;
-        for (i, &value) in fixed_counters.iter().enumerate() {
-            fixed_union |= value;
-            if value != 0 {
-                fixed_live |= 1 << i;
+        if fixed_union != 0 {
+            for (i, &value) in fixed_counters.iter().enumerate() {
+                if value != 0 {
+                    fixed_live |= 1 << i;
+                }
             }
         }
         let mut gp_counters = [0u64; GP_SLOTS];
@@ -330,7 +332,12 @@ impl IntelPmu {
         out.global_status = ctxt.global_status & !acknowledged;
         out.ds_area = ds_area;
         // In use: a non-zero value or control (`IntelContext::recompute_in_use`).
-        let fixed_ctrl_live = restrict::nibble_mask(ctxt.fixed_ctrl) & ((1 << FIXED_SLOTS) - 1);
+        // No fixed counter programmed is the common case: no nibble to gather.
+        let fixed_ctrl_live = if ctxt.fixed_ctrl == 0 {
+            0
+        } else {
+            restrict::nibble_mask(ctxt.fixed_ctrl) & ((1 << FIXED_SLOTS) - 1)
+        };
         out.in_use = CounterSet(
             u64::from(gp_live) | u64::from(fixed_live | fixed_ctrl_live) << CounterSet::FIXED_BASE,
         );
