@@ -279,19 +279,7 @@ where
             let setup = sampling(0, PERIOD);
             m.program(A, &[setup]);
             let pmi = |m: &mut Machine<Excluded<V>>, pass: Pass| {
-                if !overflow_and_raise(m) {
-                    return None;
-                }
-                m.platform.calling_pcpu = Some(0);
-                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
-                let (platform, vcpus) = (
-                    &mut ExcludedPlatform(&mut m.platform),
-                    &ExcludedTable(&m.vcpus),
-                );
-                let mark = Mark::take(pcpu.hw());
-                let outcome = pass.run(|| vpmu.handle_pmi(platform, pcpu, vcpus));
-                let cost = mark.since(pcpu.hw());
-                m.platform.calling_pcpu = None;
+                let (outcome, cost) = raise_and_handle_pmi(m, Some(pass))?;
                 if !matches!(outcome, Ok(PmiOutcome::Delivered { to: A, .. })) {
                     return None;
                 }
@@ -324,23 +312,8 @@ where
             m.schedule(0, Some(A));
             m.platform.interrupted[0] = interrupted_guest(A);
             let cycle = |m: &mut Machine<Excluded<V>>, pass: Pass| -> Option<(u64, u64)> {
-                if !overflow_and_raise(m) {
-                    return None;
-                }
-                m.platform.calling_pcpu = Some(0);
-                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
-                let (platform, vcpus) = (
-                    &mut ExcludedPlatform(&mut m.platform),
-                    &ExcludedTable(&m.vcpus),
-                );
-                let mark = Mark::take(pcpu.hw());
-                let outcome = if scenario == Scenario::PmiSample {
-                    pass.run(|| vpmu.handle_pmi(platform, pcpu, vcpus))
-                } else {
-                    vpmu.handle_pmi(platform, pcpu, vcpus)
-                };
-                let mut cost = mark.since(pcpu.hw());
-                m.platform.calling_pcpu = None;
+                let measured = (scenario == Scenario::PmiSample).then_some(pass);
+                let (outcome, mut cost) = raise_and_handle_pmi(m, measured)?;
                 if !matches!(outcome, Ok(PmiOutcome::Delivered { to: P, .. })) {
                     return None;
                 }
@@ -390,6 +363,35 @@ where
 
 /// pCPU 0's counter 0 runs `PERIOD` kernel instructions to its overflow; whether the model
 /// raised the PMI line (taken here, as the interrupt arriving).
+/// Overflows the sampling counter, raises the PMI on pCPU 0 and hands it to the core, inside
+/// the measured call when `measured` names a pass: the core's outcome and the MSR accesses and
+/// allocations it made (`None` if no PMI could be raised).
+fn raise_and_handle_pmi<V: SimVendor>(
+    m: &mut Machine<Excluded<V>>,
+    measured: Option<Pass>,
+) -> Option<(Result<PmiOutcome, vpmu::CoreError>, (u64, u64))>
+where
+    V::Model: Clone,
+{
+    if !overflow_and_raise(m) {
+        return None;
+    }
+    m.platform.calling_pcpu = Some(0);
+    let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
+    let (platform, vcpus) = (
+        &mut ExcludedPlatform(&mut m.platform),
+        &ExcludedTable(&m.vcpus),
+    );
+    let mark = Mark::take(pcpu.hw());
+    let outcome = match measured {
+        Some(pass) => pass.run(|| vpmu.handle_pmi(platform, pcpu, vcpus)),
+        None => vpmu.handle_pmi(platform, pcpu, vcpus),
+    };
+    let cost = mark.since(pcpu.hw());
+    m.platform.calling_pcpu = None;
+    Some((outcome, cost))
+}
+
 fn overflow_and_raise<V: SimVendor>(m: &mut Machine<Excluded<V>>) -> bool
 where
     V::Model: Clone,
