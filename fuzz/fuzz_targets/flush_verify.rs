@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vpmu::PmuBackend;
+use vpmu::{PmuBackend, PublishedImages};
 use vpmu_abi::VendorArea;
 use zerocopy::FromBytes;
 
@@ -33,7 +33,9 @@ fuzz_target!(|data: &[u8]| {
 });
 
 /// The flush's form, verified into a context that holds something else (the saved one):
-/// the by-value verdict, every register written when accepted, none when refused.
+/// the by-value verdict, every register written when accepted, none when refused. `saved` is a
+/// new context, whose images (all controls 0) are those of every policy: taking them unjudged
+/// (`PublishedImages::Current`) must give the same result as judging them again.
 fn verified_in_place<B: PmuBackend>(
     pmu: &B,
     area: &VendorArea,
@@ -41,17 +43,23 @@ fn verified_in_place<B: PmuBackend>(
     policy: &vpmu::GuestPolicy<'_>,
 ) -> Option<B::Context> {
     let by_value = pmu.context_from_page(area, saved, policy);
-    let mut ctx = saved.clone();
-    match (pmu.context_from_page_into(area, saved, policy, &mut ctx), by_value) {
-        (Ok(()), Ok(expected)) => {
-            assert_eq!(ctx, expected, "verified in place as by value");
-            Some(ctx)
+    let mut accepted = None;
+    for images in [PublishedImages::Stale, PublishedImages::Current] {
+        let mut ctx = saved.clone();
+        match (pmu.context_from_page_into(area, saved, images, policy, &mut ctx), &by_value) {
+            (Ok(()), Ok(expected)) => {
+                assert_eq!(&ctx, expected, "verified in place as by value ({images:?})");
+                accepted = Some(ctx);
+            }
+            (Err(error), Err(expected)) => {
+                assert_eq!(&error, expected, "the same register refused ({images:?})");
+                assert_eq!(&ctx, saved, "a refused page leaves the target as it was");
+            }
+            (verdict, expected) => panic!(
+                "in place {verdict:?} ({images:?}), by value {:?}",
+                expected.as_ref().map(|_| ())
+            ),
         }
-        (Err(error), Err(expected)) => {
-            assert_eq!(error, expected, "the same register refused");
-            assert_eq!(&ctx, saved, "a refused page leaves the target as it was");
-            None
-        }
-        (verdict, expected) => panic!("in place {verdict:?}, by value {:?}", expected.map(|_| ())),
     }
+    accepted
 }

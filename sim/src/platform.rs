@@ -331,6 +331,12 @@ impl Platform for SimPlatform {
     }
 
     fn diagnostic(&mut self, diagnostic: Diagnostic) {
+        // The simulator changes a filter and calls `event_filter_changed` in one step: no flush
+        // runs in between, so images taken unjudged must be what judging gives.
+        assert!(
+            !matches!(diagnostic, Diagnostic::PublishedImagesDiffer { .. }),
+            "{diagnostic:?} with no event filter change in flight"
+        );
         self.diagnostics_total += 1;
         if self.diagnostics.len() < Self::DIAGNOSTICS_KEPT {
             self.diagnostics.push(diagnostic);

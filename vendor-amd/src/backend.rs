@@ -5,7 +5,7 @@ use vpmu::abi::{AmdBanks, VendorArea, VendorLayout};
 use vpmu::bank::{self, BankMap, HwRecord, SaveControls, StatusMsrs};
 use vpmu::{
     ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
-    PmuCapabilities,
+    PmuCapabilities, PublishedImages,
 };
 
 use crate::caps::{AmdCaps, EXT_CORE_BANK, EnumerationError, K7_BANK, Lookup};
@@ -543,6 +543,7 @@ impl PmuBackend for AmdPmu {
         &self,
         area: &VendorArea,
         saved: &AmdContext,
+        images: PublishedImages,
         guest_policy: &GuestPolicy<'_>,
         out: &mut AmdContext,
     ) -> Result<(), ContextError> {
@@ -551,6 +552,7 @@ impl PmuBackend for AmdPmu {
             &self.page_windows,
             area,
             saved,
+            images,
             guest_policy,
             out,
         )

@@ -4,11 +4,11 @@ use core::mem::offset_of;
 
 use vpmu::abi::{AbiError, AmdBanks, AmdCtxt, VendorArea};
 use vpmu::bank::CounterBanks;
-use vpmu::{ContextError, CounterSet, GuestPolicy, Indices};
+use vpmu::{ContextError, CounterSet, GuestPolicy, Indices, PublishedImages};
 
 use crate::caps::AmdCaps;
 use crate::msrs::{COUNTER_TOP_BIT, MAX_COUNTERS, ctl};
-use crate::policy;
+use crate::policy::{self, Control};
 
 const N: usize = MAX_COUNTERS as usize;
 /// The indices with a slot, as a bitmap.
@@ -145,7 +145,8 @@ impl AmdContext {
     /// refusal `out` is left as it was. `saved` is the context the page was filled from: a
     /// control left exactly as it published it is not refused but restricted
     /// ([`policy::restricted_control`]), so an unedited page flushes whatever the policy became
-    /// since.
+    /// since; with `images` [`PublishedImages::Current`] its image is the one `saved` holds,
+    /// taken as it is.
     ///
     /// The banks are read in one straight pass over whole slots; the counters are judged as a
     /// bank ([`policy::page_counters_within`]) and only the live slots one by one, in the
@@ -155,9 +156,11 @@ impl AmdContext {
         windows: &PageWindows,
         area: &VendorArea,
         saved: &AmdContext,
+        images: PublishedImages,
         guest_policy: &GuestPolicy<'_>,
         out: &mut AmdContext,
     ) -> Result<(), ContextError> {
+        let current = images == PublishedImages::Current;
         let bank_error = |register| ContextError {
             register,
             index: Some(0),
@@ -197,12 +200,20 @@ impl AmdContext {
             let index = live.trailing_zeros();
             live &= live - 1;
             let i = index as usize;
-            let (Some(&counter), Some(&raw_ctl), Some(&published), Some(hardware)) = (
+            let (
+                Some(&counter),
+                Some(&raw_ctl),
+                Some(&published),
+                Some(&published_hw),
+                Some(hardware),
+            ) = (
                 counters.get(i),
                 guest_ctl.get(i),
                 saved.guest_ctl.get(i),
+                saved.hw_ctl.get(i),
                 hw_ctl.get_mut(i),
-            ) else {
+            )
+            else {
                 continue;
             };
             let refused = |register, value| ContextError {
@@ -217,7 +228,14 @@ impl AmdContext {
                 armed |= CounterSet::gp(index).0;
             }
             let control = if raw_ctl == published {
-                policy::restricted_control(raw_ctl, guest_policy).unwrap_or_else(|c| c)
+                if current {
+                    Control {
+                        guest: raw_ctl,
+                        hardware: published_hw,
+                    }
+                } else {
+                    policy::restricted_control(raw_ctl, guest_policy).unwrap_or_else(|c| c)
+                }
             } else {
                 policy::control(raw_ctl, guest_policy).map_err(|_| refused("ctrl", raw_ctl))?
             };

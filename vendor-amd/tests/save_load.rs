@@ -5,7 +5,9 @@ mod common;
 
 use common::*;
 use vpmu::abi::{AmdBanks, VendorArea, VendorLayout};
-use vpmu::{ContextError, CountingBus, GuestPolicy, MsrAccessStats, MsrBus, PmuBackend};
+use vpmu::{
+    ContextError, CountingBus, GuestPolicy, MsrAccessStats, MsrBus, PmuBackend, PublishedImages,
+};
 use vpmu_amd::{AmdPmu, PmuShape};
 use vpmu_models::amd::AmdPmuModel;
 use vpmu_models::{HwEvent, SoftwarePmu};
@@ -519,11 +521,19 @@ fn page_verified_in_place_writes_all_or_nothing() {
             let by_value = vcpu
                 .backend
                 .context_from_page(&edited, &vcpu.ctx, &vcpu.policy);
-            for prefill in [vcpu.ctx.clone(), vcpu.backend.new_context()] {
+            // The context was written under `vcpu.policy`: its images are current, and taking
+            // them unjudged for the unedited controls gives the same result.
+            let images = [PublishedImages::Stale, PublishedImages::Current];
+            let prefills = [vcpu.ctx.clone(), vcpu.backend.new_context()];
+            for (prefill, images) in prefills.iter().flat_map(|p| images.map(|i| (p, i))) {
                 let mut out = prefill.clone();
-                let verdict =
-                    vcpu.backend
-                        .context_from_page_into(&edited, &vcpu.ctx, &vcpu.policy, &mut out);
+                let verdict = vcpu.backend.context_from_page_into(
+                    &edited,
+                    &vcpu.ctx,
+                    images,
+                    &vcpu.policy,
+                    &mut out,
+                );
                 match &by_value {
                     Ok(ctx) => {
                         assert_eq!(verdict, Ok(()), "{shape:?}");
@@ -531,7 +541,7 @@ fn page_verified_in_place_writes_all_or_nothing() {
                     }
                     Err(error) => {
                         assert_eq!(verdict, Err(*error), "{shape:?}");
-                        assert_eq!(out, prefill, "{shape:?}");
+                        assert_eq!(&out, prefill, "{shape:?}");
                     }
                 }
             }

@@ -7,7 +7,7 @@ use vpmu::abi::{IntelBanks, VendorArea, VendorLayout};
 use vpmu::bank::{BankMap, HwRecord};
 use vpmu::{
     ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
-    PmuCapabilities,
+    PmuCapabilities, PublishedImages,
 };
 
 use crate::caps::{EnumerationError, IntelCaps};
@@ -177,9 +177,10 @@ impl PmuBackend for IntelPmu {
         &self,
         area: &VendorArea,
         saved: &IntelContext,
+        images: PublishedImages,
         policy: &GuestPolicy<'_>,
         out: &mut IntelContext,
     ) -> Result<(), ContextError> {
-        self.read_page_into(area, saved, policy, out)
+        self.read_page_into(area, saved, images, policy, out)
     }
 }

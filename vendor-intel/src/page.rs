@@ -5,7 +5,7 @@
 use core::mem::offset_of;
 
 use vpmu::abi::{AbiError, IntelBanks, IntelCtxt, VendorArea};
-use vpmu::{ContextError, CounterSet, GuestPolicy};
+use vpmu::{ContextError, CounterSet, GuestPolicy, PublishedImages};
 
 use crate::backend::IntelPmu;
 use crate::context::{FIXED_SLOTS, GP_SLOTS, IntelContext};
@@ -196,7 +196,9 @@ impl IntelPmu {
     /// runs before the first write to it. Nothing is repaired. A control (each PERFEVTSELx,
     /// FIXED_CTR_CTRL, DS_AREA) left exactly as `saved` publishes it was legal when published:
     /// it is not refused but given the hardware image [`restrict`] computes under `policy`, so
-    /// an unedited page always flushes whatever the policy became since.
+    /// an unedited page always flushes whatever the policy became since; with `images`
+    /// [`PublishedImages::Current`] that image is the one `saved` holds (DS_AREA is its own
+    /// image), taken as it is.
     ///
     /// The banks are read as whole-slot windows ([`PageWindows`]) in one straight pass; the
     /// counters are judged a bank at a time ([`GuestRules::fixed_counters_within`],
@@ -207,10 +209,12 @@ impl IntelPmu {
         &self,
         area: &VendorArea,
         saved: &IntelContext,
+        images: PublishedImages,
         policy: &GuestPolicy<'_>,
         out: &mut IntelContext,
     ) -> Result<(), ContextError> {
         let rules = &self.rules;
+        let current = images == PublishedImages::Current;
         let ctxt = Registers::of(area);
 
         let global_ctrl =
@@ -218,7 +222,11 @@ impl IntelPmu {
                 .global_ctrl(ctxt.global_ctrl)
                 .or_refuse("global_ctrl", None, ctxt.global_ctrl)?;
         let fixed_ctrl_hw = if ctxt.fixed_ctrl == saved.fixed_ctrl {
-            unedited(restrict::fixed_ctrl(rules, ctxt.fixed_ctrl, policy))
+            if current {
+                saved.fixed_ctrl_hw
+            } else {
+                unedited(restrict::fixed_ctrl(rules, ctxt.fixed_ctrl, policy))
+            }
         } else {
             rules.fixed_ctrl(ctxt.fixed_ctrl, policy).or_refuse(
                 "fixed_ctrl",
@@ -236,7 +244,11 @@ impl IntelPmu {
             ctxt.global_ovf_ctrl,
         )?;
         let ds_area = if ctxt.ds_area == saved.ds_area {
-            unedited(restrict::ds_area(rules, ctxt.ds_area, policy))
+            if current {
+                saved.ds_area
+            } else {
+                unedited(restrict::ds_area(rules, ctxt.ds_area, policy))
+            }
         } else {
             rules
                 .ds_area(ctxt.ds_area, policy)
@@ -301,19 +313,31 @@ impl IntelPmu {
             let index = judged.trailing_zeros();
             judged &= judged - 1;
             let i = index as usize;
-            let (Some(&counter), Some(&control), Some(&published), Some(image)) = (
+            let (
+                Some(&counter),
+                Some(&control),
+                Some(&published),
+                Some(&published_hw),
+                Some(image),
+            ) = (
                 gp_counters.get(i),
                 event_selects.get(i),
                 saved.event_selects.get(i),
+                saved.event_selects_hw.get(i),
                 event_selects_hw.get_mut(i),
-            ) else {
+            )
+            else {
                 continue;
             };
             if bad_counters & (1 << index) != 0 {
                 return Err(refused("counter", Some(index), counter));
             }
             *image = if control == published {
-                unedited(restrict::event_select(rules, control, policy))
+                if current {
+                    published_hw
+                } else {
+                    unedited(restrict::event_select(rules, control, policy))
+                }
             } else {
                 rules
                     .event_select(control, policy)

@@ -15,7 +15,10 @@ use proptest::prelude::*;
 use vpmu::abi::{
     VendorArea, XENPMU_FEATURE_ARCH_ONLY, XENPMU_FEATURE_INTEL_BTS, XENPMU_FEATURE_IPC_ONLY,
 };
-use vpmu::{AllowAll, EventFilter, GuestPolicy, Msr, MsrBus, MsrOutcome, PmuBackend, RawEvent};
+use vpmu::{
+    AllowAll, EventFilter, GuestPolicy, Msr, MsrBus, MsrOutcome, PmuBackend, PublishedImages,
+    RawEvent,
+};
 use vpmu_intel::PERF_CAP_FW_WRITES;
 use vpmu_intel::events::{ARCH_ONLY_EVENTS, IPC_ONLY_EVENTS, umask_event};
 use vpmu_intel::msrs::MSR_RANGES;
@@ -160,6 +163,9 @@ fn policy(features: u64, filtered: bool) -> GuestPolicy<'static> {
         may_count_host: false,
     }
 }
+
+/// Both ways a flush may treat the images of unedited controls.
+const IMAGES: [PublishedImages; 2] = [PublishedImages::Stale, PublishedImages::Current];
 
 const FEATURE_SETS: [u64; 5] = [
     0,
@@ -398,6 +404,7 @@ proptest! {
     fn page_round_trip_and_corruption(
         ops in proptest::collection::vec(op_strategy(), 1..40),
         corruptions in proptest::collection::vec((0usize..28, value_strategy()), 1..4),
+        later in (0..FEATURE_SETS.len(), any::<bool>()),
     ) {
         let mut m = Machine::v5();
         let policy = policy(XENPMU_FEATURE_INTEL_BTS, false);
@@ -430,11 +437,13 @@ proptest! {
             area.words[word] = value;
         }
         // In place: every register written when accepted, whatever the target held (the
-        // flush reuses contexts), and none when refused.
+        // flush reuses contexts), and none when refused. `saved` was written under `policy`,
+        // so its images are current: taking them unjudged gives the same result.
         let by_value = m.pmu.context_from_page(&area, &saved, &policy);
-        for prefill in [saved.clone(), m.pmu.new_context()] {
+        let targets = [saved.clone(), m.pmu.new_context()];
+        for (prefill, images) in targets.iter().flat_map(|t| IMAGES.map(|images| (t, images))) {
             let mut out = prefill.clone();
-            let verdict = m.pmu.context_from_page_into(&area, &saved, &policy, &mut out);
+            let verdict = m.pmu.context_from_page_into(&area, &saved, images, &policy, &mut out);
             match &by_value {
                 Ok(ctx) => {
                     prop_assert_eq!(verdict, Ok(()));
@@ -442,9 +451,27 @@ proptest! {
                 }
                 Err(error) => {
                     prop_assert_eq!(verdict, Err(*error));
-                    prop_assert_eq!(&out, &prefill);
+                    prop_assert_eq!(&out, prefill);
                 }
             }
+        }
+        // After a policy change the restricted context's images are those of the new policy:
+        // taken unjudged for the unedited controls, they give what judging them gives.
+        let later = GuestPolicy {
+            features: FEATURE_SETS[later.0],
+            filter: if later.1 { &DENY_SOME } else { &AllowAll },
+            may_count_host: false,
+        };
+        let mut restricted = saved.clone();
+        m.pmu.restrict(&mut restricted, &later);
+        let judged = m.pmu.context_from_page(&area, &restricted, &later);
+        let mut out = m.pmu.new_context();
+        let taken = m.pmu.context_from_page_into(
+            &area, &restricted, PublishedImages::Current, &later, &mut out,
+        );
+        prop_assert_eq!(taken, judged.as_ref().map(|_| ()).map_err(|error| *error));
+        if let Ok(judged) = judged {
+            prop_assert_eq!(out, judged);
         }
         if let Ok(ctx) = by_value {
             let mut edited = Vcpu { ctx, loaded: false };

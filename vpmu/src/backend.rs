@@ -233,6 +233,22 @@ impl EventFilter for AllowAll {
     }
 }
 
+/// What a flush may assume of the hardware images (the value each control takes on the
+/// hardware once the policy has judged it) held in `saved`, the context a page was published
+/// from. The core decides it from the policy epoch the images were computed under; the backend
+/// only applies it to the controls the guest left exactly as published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PublishedImages {
+    /// Every image in `saved` is the one the policy of this flush gives its control (both were
+    /// judged under the same epoch): an unedited control keeps its image without being judged
+    /// again. Restricting is a function of the control and the policy alone, so the result is
+    /// the one [`PublishedImages::Stale`] computes.
+    Current,
+    /// The policy may have changed since `saved` was judged (or nobody vouches that it did
+    /// not): an unedited control is restricted again, as [`PmuBackend::restrict`] does.
+    Stale,
+}
+
 /// The policy a backend applies to one guest's accesses.
 #[derive(Clone, Copy)]
 pub struct GuestPolicy<'a> {
@@ -454,7 +470,7 @@ pub trait PmuBackend {
     /// instead of refused, so that an unedited page always flushes.
     ///
     /// The by-value form of [`PmuBackend::context_from_page_into`], for callers without a
-    /// context to write into.
+    /// context to write into; it vouches for nothing ([`PublishedImages::Stale`]).
     fn context_from_page(
         &self,
         area: &VendorArea,
@@ -462,18 +478,22 @@ pub trait PmuBackend {
         policy: &GuestPolicy<'_>,
     ) -> Result<Self::Context, ContextError> {
         let mut ctx = self.new_context();
-        self.context_from_page_into(area, saved, policy, &mut ctx)?;
+        self.context_from_page_into(area, saved, PublishedImages::Stale, policy, &mut ctx)?;
         Ok(ctx)
     }
 
     /// [`PmuBackend::context_from_page`] written into `out`, the context the flush loads:
     /// on success every register of `out` is the verified one (nothing of its previous
     /// contents is left), on failure `out` is unchanged. Verifying in place spares the hot
-    /// flush path a context built on the stack and moved into place.
+    /// flush path a context built on the stack and moved into place. `images` says whether
+    /// the hardware images in `saved` are those of `policy` already
+    /// ([`PublishedImages::Current`]): the unedited controls then keep them unjudged, with the
+    /// same result.
     fn context_from_page_into(
         &self,
         area: &VendorArea,
         saved: &Self::Context,
+        images: PublishedImages,
         policy: &GuestPolicy<'_>,
         out: &mut Self::Context,
     ) -> Result<(), ContextError>;

@@ -40,7 +40,7 @@ mod switch;
 pub use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
 pub use backend::{
     AllowAll, BackendError, ContextError, CounterSet, EventFilter, GuestPolicy, Indices,
-    MsrOutcome, Overflow, PmuBackend, PmuCapabilities, RawEvent, Vendor,
+    MsrOutcome, Overflow, PmuBackend, PmuCapabilities, PublishedImages, RawEvent, Vendor,
 };
 pub use bank::HwRecord;
 pub use filter::{EventList, EventMatch, FilterAction, ListFull};

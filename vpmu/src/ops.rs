@@ -15,8 +15,8 @@ use crate::msr::MsrBus;
 use crate::platform::{Diagnostic, MapError, Platform, VcpuId};
 use crate::request::{ChangeRefused, Completion, CrossCpuRequest};
 use crate::state::{
-    PcpuPmu, PendingChange, PolicyChange, SampleSource, SharedPage, SystemContext, VcpuPmu,
-    VcpuState,
+    ImagesUnder, PcpuPmu, PendingChange, PolicyChange, SampleSource, SharedPage, SystemContext,
+    VcpuPmu, VcpuState,
 };
 
 /// Features this backend can enforce; the Intel-only ones are refused elsewhere.
@@ -396,25 +396,47 @@ impl<B: PmuBackend> Vpmu<B> {
                 // The sampled pCPU's own flush verifies straight into its system-wide
                 // context, the one the sample stopped (only a flush loads it while it is
                 // cached): on a refusal it is unchanged.
+                let images = vcpu.published_images.at(policy.epoch);
+                #[cfg(debug_assertions)]
+                let mut images_differ = false;
                 let verified = vcpu.sampled.as_ref().map(|saved| {
-                    self.backend.context_from_page_into(
+                    let verified = self.backend.context_from_page_into(
                         &pcpu.page_copy,
                         saved,
+                        images,
                         &guest,
                         &mut pcpu.system_ctx,
-                    )
+                    );
+                    #[cfg(debug_assertions)]
+                    {
+                        images_differ = self.published_images_differ(
+                            &pcpu.page_copy,
+                            saved,
+                            images,
+                            &guest,
+                            &verified,
+                            &pcpu.system_ctx,
+                        );
+                    }
+                    verified
                 });
                 // No guest data outlives the flush, and a refused one leaves the pCPU as it
                 // was.
                 clear_vendor_words(&mut pcpu.page_copy, words);
+                #[cfg(debug_assertions)]
+                if images_differ {
+                    platform.diagnostic(Diagnostic::PublishedImagesDiffer { vcpu: vcpu.id });
+                }
                 let verified = verified.ok_or(OpError::InvalidArgument)?;
                 Self::accepted(platform, vcpu.id, verified)?;
+                pcpu.system_images = ImagesUnder::Epoch(policy.epoch);
                 let ctx = &pcpu.system_ctx;
                 if Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record).is_err() {
                     // The sample stays cached: its context goes back to the one saved at
                     // the sample, which the cached window's reads answer from.
                     if let Some(saved) = vcpu.sampled.as_ref() {
                         pcpu.system_ctx.clone_from(saved);
+                        pcpu.system_images = vcpu.published_images;
                     }
                     return Err(OpError::InvalidContext);
                 }
@@ -430,14 +452,38 @@ impl<B: PmuBackend> Vpmu<B> {
                     SampleSource::System { .. } => vcpu.sampled.as_ref(),
                     SampleSource::Own { .. } => Some(&vcpu.ctx),
                 };
+                let images = vcpu.published_images.at(policy.epoch);
+                #[cfg(debug_assertions)]
+                let mut images_differ = false;
                 let mut ctx = self.backend.new_context();
                 let verified = saved.map(|saved| {
-                    self.backend
-                        .context_from_page_into(&pcpu.page_copy, saved, &guest, &mut ctx)
+                    let verified = self.backend.context_from_page_into(
+                        &pcpu.page_copy,
+                        saved,
+                        images,
+                        &guest,
+                        &mut ctx,
+                    );
+                    #[cfg(debug_assertions)]
+                    {
+                        images_differ = self.published_images_differ(
+                            &pcpu.page_copy,
+                            saved,
+                            images,
+                            &guest,
+                            &verified,
+                            &ctx,
+                        );
+                    }
+                    verified
                 });
                 // No guest data outlives the flush, and a refused one leaves the pCPU as it
                 // was.
                 clear_vendor_words(&mut pcpu.page_copy, words);
+                #[cfg(debug_assertions)]
+                if images_differ {
+                    platform.diagnostic(Diagnostic::PublishedImagesDiffer { vcpu: vcpu.id });
+                }
                 let verified = verified.ok_or(OpError::InvalidArgument)?;
                 Self::accepted(platform, vcpu.id, verified)?;
                 self.place_flushed(platform, policy, pcpu, vcpu, from, cached, ctx)?;
@@ -470,13 +516,14 @@ impl<B: PmuBackend> Vpmu<B> {
                 Self::load_on(&self.backend, &ctx, &mut pcpu.hw, &mut pcpu.record)
                     .map_err(|_| OpError::InvalidContext)?;
                 pcpu.system_ctx = ctx;
+                pcpu.system_images = ImagesUnder::Epoch(policy.epoch);
                 pcpu.system = SystemContext::Loaded { profiler };
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 self.unmask_physical_lvtpc(platform, pcpu);
             }
             SampleSource::System { pcpu: p } => {
-                vcpu.handover = Some((p, ctx));
+                vcpu.handover = Some((p, ctx, ImagesUnder::Epoch(policy.epoch)));
                 vcpu.state = VcpuState::Saved;
                 vcpu.sampled = None;
                 platform.send_request(p, CrossCpuRequest::ResumeSystem { profiler: vcpu.id });
@@ -492,6 +539,33 @@ impl<B: PmuBackend> Vpmu<B> {
             }
         }
         Ok(())
+    }
+
+    /// The claim behind [`crate::backend::PublishedImages::Current`], checked in debug builds on every flush
+    /// that makes it: judging the unedited controls again gives the same verdict (filters never
+    /// refuse, and the rest of the policy is the epoch's) and, unless the domain's event filter
+    /// is changing, the same context. Whether the context differs, for
+    /// `Diagnostic::PublishedImagesDiffer`.
+    #[cfg(debug_assertions)]
+    fn published_images_differ(
+        &self,
+        area: &vpmu_abi::VendorArea,
+        saved: &B::Context,
+        images: crate::backend::PublishedImages,
+        guest: &crate::backend::GuestPolicy<'_>,
+        verified: &Result<(), ContextError>,
+        out: &B::Context,
+    ) -> bool {
+        if images != crate::backend::PublishedImages::Current {
+            return false;
+        }
+        let judged = self.backend.context_from_page(area, saved, guest);
+        assert_eq!(
+            verified.as_ref().err(),
+            judged.as_ref().err(),
+            "the page's verdict depends on judging its unedited controls again"
+        );
+        judged.is_ok_and(|judged| &judged != out)
     }
 
     /// A flushed page's verdict: a refusal is reported (which register) and is `-EIO`.

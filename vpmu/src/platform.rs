@@ -130,6 +130,16 @@ pub enum Diagnostic {
         /// The receiving vCPU.
         vcpu: VcpuId,
     },
+    /// Debug builds only: a flush took the published hardware images of the controls the
+    /// guest left unedited (`PublishedImages::Current`), and judging them again under its
+    /// policy gives another context. Expected only while `vcpu`'s domain's event filter
+    /// changes (the platform answers with the new filter before `Vpmu::event_filter_changed`
+    /// makes the new epoch, and within one epoch a control may have been judged under either);
+    /// anything else is a core bug. The flush keeps the images it took.
+    PublishedImagesDiffer {
+        /// The vCPU that flushed.
+        vcpu: VcpuId,
+    },
 }
 
 /// Services the hypervisor provides to the core.

@@ -21,7 +21,9 @@ use crate::msr::MsrBus;
 use crate::platform::{
     Diagnostic, Interrupted, Interruption, LvtpcDelivery, Platform, SampledContext, VcpuId,
 };
-use crate::state::{PcpuPmu, SampleSource, SharedPage, SystemContext, VcpuPmu, VcpuState};
+use crate::state::{
+    ImagesUnder, PcpuPmu, SampleSource, SharedPage, SystemContext, VcpuPmu, VcpuState,
+};
 
 /// What became of a PMI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -342,6 +344,8 @@ impl<B: PmuBackend> Vpmu<B> {
         if let Some(page) = vcpu.page.as_mut() {
             page.chain_written = chain_written;
         }
+        // Outside a window no image of `ctx` is older than the epoch it was validated under.
+        vcpu.published_images = ImagesUnder::Epoch(vcpu.validated);
         vcpu.state = VcpuState::Cached {
             from: SampleSource::Own { pcpu: pcpu.index },
         };
@@ -505,6 +509,7 @@ impl<B: PmuBackend> Vpmu<B> {
             Some(sampled) => sampled.clone_from(ctx),
             None => profiler.sampled = Some(ctx.clone()),
         }
+        profiler.published_images = pcpu.system_images;
         pcpu.system = SystemContext::Cached { profiler: owner };
         profiler.state = VcpuState::Cached {
             from: SampleSource::System { pcpu: here },

@@ -20,7 +20,7 @@ use crate::backend::PmuBackend;
 use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
 use crate::msr::{Msr, MsrBus};
 use crate::platform::{Platform, VcpuId};
-use crate::state::{PcpuPmu, SystemContext, VcpuPmu, VcpuState};
+use crate::state::{ImagesUnder, PcpuPmu, SystemContext, VcpuPmu, VcpuState};
 
 /// Work the core needs done on another physical CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -308,7 +308,10 @@ impl<B: PmuBackend> Vpmu<B> {
         msr: Msr,
         value: u64,
     ) -> Result<(), CoreError> {
-        let guest = self.guest_policy(self.policy(), platform, profiler.id.domain);
+        let policy = self.policy();
+        let guest = self.guest_policy(policy, platform, profiler.id.domain);
+        // The written control is judged under `policy`; the others keep their epochs.
+        pcpu.system_images = pcpu.system_images.after_write(policy.epoch);
         let ctx = &mut pcpu.system_ctx;
         let outcome = match pcpu.system {
             SystemContext::Loaded { .. } => {
@@ -359,6 +362,7 @@ impl<B: PmuBackend> Vpmu<B> {
             }
         }
         pcpu.system_ctx = program;
+        pcpu.system_images = ImagesUnder::Unvouched;
         pcpu.system = SystemContext::Loaded {
             profiler: profiler.id,
         };
@@ -372,7 +376,7 @@ impl<B: PmuBackend> Vpmu<B> {
         profiler: &mut VcpuPmu<B::Context>,
     ) -> Result<(), CoreError> {
         let here = pcpu.index;
-        let Some((_, ctx)) = profiler.handover.take_if(|(p, _)| *p == here) else {
+        let Some((_, ctx, images)) = profiler.handover.take_if(|(p, ..)| *p == here) else {
             return Ok(());
         };
         if !matches!(pcpu.system, SystemContext::Cached { .. }) {
@@ -380,6 +384,7 @@ impl<B: PmuBackend> Vpmu<B> {
         }
         Self::load_on(&self.backend, &ctx, &mut pcpu.hw, &mut pcpu.record)?;
         pcpu.system_ctx = ctx;
+        pcpu.system_images = images;
         pcpu.system = SystemContext::Loaded {
             profiler: profiler.id,
         };

@@ -3,7 +3,7 @@
 
 use vpmu_abi::{Regs, VendorArea, XENPMU_CALLCHAIN_MAX};
 
-use crate::backend::Overflow;
+use crate::backend::{Overflow, PublishedImages};
 use crate::bank::HwRecord;
 use crate::core::{Mode, PolicySnapshot};
 use crate::msr::{CountingBus, MsrAccessStats, MsrBus};
@@ -23,6 +23,42 @@ pub enum SampleSource {
         /// The sampled pCPU.
         pcpu: u32,
     },
+}
+
+/// The policy epoch a context's hardware images (each control as the policy lets it reach the
+/// hardware) were computed under, as far as the core can vouch for it. A flush whose policy has
+/// that epoch takes the images of the controls the guest left unedited instead of judging them
+/// again (docs/core.md, "Unedited controls at a flush").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ImagesUnder {
+    /// No image of the context was computed under an older epoch than this one (epochs only
+    /// grow, so under this very epoch every image is that epoch's).
+    Epoch(u64),
+    /// The context came by a path that does not keep track: its images are judged again.
+    Unvouched,
+}
+
+impl ImagesUnder {
+    /// What a flush under `epoch` may assume of the images.
+    #[inline]
+    pub(crate) fn at(self, epoch: u64) -> PublishedImages {
+        if self == ImagesUnder::Epoch(epoch) {
+            PublishedImages::Current
+        } else {
+            PublishedImages::Stale
+        }
+    }
+
+    /// After a control of the context was judged again under `epoch`, the one in force: the
+    /// images stay vouched for only if all of them were of that epoch already.
+    #[inline]
+    pub(crate) fn after_write(self, epoch: u64) -> Self {
+        if self == ImagesUnder::Epoch(epoch) {
+            self
+        } else {
+            ImagesUnder::Unvouched
+        }
+    }
 }
 
 /// Where a vCPU's PMU context is. One value, not a set of flags: each variant is a state the
@@ -140,7 +176,8 @@ pub struct VcpuPmu<C> {
     pub(crate) id: VcpuId,
     pub(crate) state: VcpuState,
     pub(crate) ctx: C,
-    /// The policy epoch `ctx` was last validated against.
+    /// The policy epoch `ctx` was last validated against. Outside a cached window no image in
+    /// `ctx` was computed under an older one (a window moves it on without touching `ctx`).
     pub(crate) validated: u64,
     /// When this vCPU's intercepts may skip the entry checks (see `intercept.rs`).
     pub(crate) fast: FastIntercepts,
@@ -158,11 +195,15 @@ pub struct VcpuPmu<C> {
     /// epoch `.1` (void if all mode was left and entered again since).
     pub(crate) system_instances: (u32, u64),
     /// All mode: a flushed sample's verified context waiting to be loaded on the pCPU it
-    /// was sampled on (a `ResumeSystem` request to it is in flight).
-    pub(crate) handover: Option<(u32, C)>,
+    /// was sampled on (a `ResumeSystem` request to it is in flight), and the epoch it was
+    /// verified under.
+    pub(crate) handover: Option<(u32, C, ImagesUnder)>,
     /// All mode: the sampled system-wide context as saved at the sample cached in the page
     /// (what the flush verifies the page against).
     pub(crate) sampled: Option<C>,
+    /// The epoch of the images in the context the cached sample was published from (`ctx`
+    /// or `sampled`), taken when the window opened.
+    pub(crate) published_images: ImagesUnder,
     /// A MODE_SET/FEATURE_SET this vCPU began that was still in progress at its last call.
     pub(crate) pending_change: Option<PendingChange>,
     pub(crate) stats: VcpuStats,
@@ -185,6 +226,7 @@ impl<C> VcpuPmu<C> {
             system_instances: (0, 0),
             handover: None,
             sampled: None,
+            published_images: ImagesUnder::Unvouched,
             pending_change: None,
             stats: VcpuStats::default(),
         }
@@ -267,6 +309,8 @@ pub struct PcpuPmu<C, H> {
     /// The system-wide context while `system` is not `Absent`; a leftover, never used, while
     /// it is.
     pub(crate) system_ctx: C,
+    /// The epoch of the images in `system_ctx`.
+    pub(crate) system_images: ImagesUnder,
     /// The vCPU whose cached sample masked this pCPU's physical LVTPC, if any.
     pub(crate) lvtpc_masked_for: Option<VcpuId>,
     /// The policy this pCPU's state was last brought in line with.
@@ -305,6 +349,7 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
             current: None,
             system: SystemContext::Absent,
             system_ctx,
+            system_images: ImagesUnder::Unvouched,
             lvtpc_masked_for: None,
             seen,
             page_copy: VendorArea::default(),

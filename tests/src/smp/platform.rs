@@ -183,7 +183,27 @@ impl Platform for PcpuPlatform<'_> {
         Some(*lock(&self.shared.last_regs[self.shared.flat(vcpu)]))
     }
 
-    fn diagnostic(&mut self, _diagnostic: Diagnostic) {
+    fn diagnostic(&mut self, diagnostic: Diagnostic) {
         self.diagnostics += 1;
+        if let Diagnostic::PublishedImagesDiffer { vcpu } = diagnostic {
+            // Only a filter change in flight (the platform answering with the new filter, the
+            // epoch not yet made) lets one epoch judge a control two ways. It cannot complete
+            // during the flush that found it: this pCPU has not caught up with it yet.
+            let changing = self
+                .shared
+                .filters
+                .get(vcpu.domain as usize)
+                .is_some_and(|filter| filter.changing.load(Ordering::SeqCst));
+            if changing {
+                self.shared
+                    .coverage
+                    .hit("flushes that kept images judged before a filter change");
+            } else {
+                self.shared.finding(
+                    "a flush took published images that are not its policy's",
+                    format!("seed {:#x}: {vcpu:?}", self.shared.seed),
+                );
+            }
+        }
     }
 }
