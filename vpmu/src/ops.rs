@@ -9,7 +9,7 @@ use vpmu_abi::writer::{
 };
 use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 
-use crate::backend::{ContextError, PmuBackend};
+use crate::backend::{ContextError, GuestPolicy, PmuBackend, PublishedImages};
 use crate::core::{Mode, PolicySnapshot, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
 use crate::platform::{Diagnostic, MapError, Platform, VcpuId};
@@ -397,36 +397,18 @@ impl<B: PmuBackend> Vpmu<B> {
                 // context, the one the sample stopped (only a flush loads it while it is
                 // cached): on a refusal it is unchanged.
                 let images = vcpu.published_images.at(policy.epoch);
-                #[cfg(debug_assertions)]
-                let mut images_differ = false;
                 let verified = vcpu.sampled.as_ref().map(|saved| {
-                    let verified = self.backend.context_from_page_into(
+                    self.verify_published(
                         &pcpu.page_copy,
                         saved,
                         images,
                         &guest,
                         &mut pcpu.system_ctx,
-                    );
-                    #[cfg(debug_assertions)]
-                    {
-                        images_differ = self.published_images_differ(
-                            &pcpu.page_copy,
-                            saved,
-                            images,
-                            &guest,
-                            &verified,
-                            &pcpu.system_ctx,
-                        );
-                    }
-                    verified
+                    )
                 });
                 // No guest data outlives the flush, and a refused one leaves the pCPU as it
                 // was.
                 clear_vendor_words(&mut pcpu.page_copy, words);
-                #[cfg(debug_assertions)]
-                if images_differ {
-                    platform.diagnostic(Diagnostic::PublishedImagesDiffer { vcpu: vcpu.id });
-                }
                 let verified = verified.ok_or(OpError::InvalidArgument)?;
                 Self::accepted(platform, vcpu.id, verified)?;
                 pcpu.system_images = ImagesUnder::Epoch(policy.epoch);
@@ -453,37 +435,13 @@ impl<B: PmuBackend> Vpmu<B> {
                     SampleSource::Own { .. } => Some(&vcpu.ctx),
                 };
                 let images = vcpu.published_images.at(policy.epoch);
-                #[cfg(debug_assertions)]
-                let mut images_differ = false;
                 let mut ctx = self.backend.new_context();
                 let verified = saved.map(|saved| {
-                    let verified = self.backend.context_from_page_into(
-                        &pcpu.page_copy,
-                        saved,
-                        images,
-                        &guest,
-                        &mut ctx,
-                    );
-                    #[cfg(debug_assertions)]
-                    {
-                        images_differ = self.published_images_differ(
-                            &pcpu.page_copy,
-                            saved,
-                            images,
-                            &guest,
-                            &verified,
-                            &ctx,
-                        );
-                    }
-                    verified
+                    self.verify_published(&pcpu.page_copy, saved, images, &guest, &mut ctx)
                 });
                 // No guest data outlives the flush, and a refused one leaves the pCPU as it
                 // was.
                 clear_vendor_words(&mut pcpu.page_copy, words);
-                #[cfg(debug_assertions)]
-                if images_differ {
-                    platform.diagnostic(Diagnostic::PublishedImagesDiffer { vcpu: vcpu.id });
-                }
                 let verified = verified.ok_or(OpError::InvalidArgument)?;
                 Self::accepted(platform, vcpu.id, verified)?;
                 self.place_flushed(platform, policy, pcpu, vcpu, from, cached, ctx)?;
@@ -541,40 +499,50 @@ impl<B: PmuBackend> Vpmu<B> {
         Ok(())
     }
 
-    /// The claim behind [`crate::backend::PublishedImages::Current`], checked in debug builds on every flush
-    /// that makes it: judging the unedited controls again gives the same verdict (filters never
-    /// refuse, and the rest of the policy is the epoch's) and, unless the domain's event filter
-    /// is changing, the same context. Whether the context differs, for
-    /// `Diagnostic::PublishedImagesDiffer`.
-    #[cfg(debug_assertions)]
-    fn published_images_differ(
+    /// Verifies the copied vendor area `area` into `out` (`PmuBackend::context_from_page_into`).
+    /// Debug builds also check the claim behind `PublishedImages::Current` on every flush
+    /// that makes it: judging the unedited controls again must give the same verdict (filters
+    /// never refuse, and the rest of the policy is the epoch's) and, unless the domain's event
+    /// filter is changing, the same context. Inlined, as is `accepted`: called out of line,
+    /// with the verdict passed between them, they cost the flush some 30 instructions.
+    #[inline(always)]
+    fn verify_published(
         &self,
         area: &vpmu_abi::VendorArea,
         saved: &B::Context,
-        images: crate::backend::PublishedImages,
-        guest: &crate::backend::GuestPolicy<'_>,
-        verified: &Result<(), ContextError>,
-        out: &B::Context,
-    ) -> bool {
-        if images != crate::backend::PublishedImages::Current {
-            return false;
+        images: PublishedImages,
+        guest: &GuestPolicy<'_>,
+        out: &mut B::Context,
+    ) -> PageVerdict {
+        let verified = self
+            .backend
+            .context_from_page_into(area, saved, images, guest, out);
+        let images_differ = cfg!(debug_assertions) && images == PublishedImages::Current && {
+            let judged = self.backend.context_from_page(area, saved, guest);
+            assert_eq!(
+                verified.as_ref().err(),
+                judged.as_ref().err(),
+                "the page's verdict depends on judging its unedited controls again"
+            );
+            judged.is_ok_and(|judged| &judged != out)
+        };
+        PageVerdict {
+            verified,
+            images_differ,
         }
-        let judged = self.backend.context_from_page(area, saved, guest);
-        assert_eq!(
-            verified.as_ref().err(),
-            judged.as_ref().err(),
-            "the page's verdict depends on judging its unedited controls again"
-        );
-        judged.is_ok_and(|judged| &judged != out)
     }
 
     /// A flushed page's verdict: a refusal is reported (which register) and is `-EIO`.
+    #[inline(always)]
     fn accepted<P: Platform>(
         platform: &mut P,
         vcpu: VcpuId,
-        verified: Result<(), ContextError>,
+        verdict: PageVerdict,
     ) -> Result<(), OpError> {
-        verified.map_err(|error| {
+        if verdict.images_differ {
+            platform.diagnostic(Diagnostic::PublishedImagesDiffer { vcpu });
+        }
+        verdict.verified.map_err(|error| {
             platform.diagnostic(Diagnostic::InvalidContextAtFlush {
                 vcpu,
                 register: error.register,
@@ -582,4 +550,12 @@ impl<B: PmuBackend> Vpmu<B> {
             OpError::InvalidContext
         })
     }
+}
+
+/// A flush's verification of its page copy.
+struct PageVerdict {
+    verified: Result<(), ContextError>,
+    /// Debug builds: the published images taken unjudged differ from judging them again
+    /// (`Diagnostic::PublishedImagesDiffer`).
+    images_differ: bool,
 }
