@@ -104,20 +104,25 @@ const LEAF7_EBX_TSX: u32 = 1 << 4 | 1 << 11;
 const LEAF7_EDX_TSX: u32 = 1 << 11 | 1 << 13;
 /// CPUID.1:ECX PDCM (IA32_PERF_CAPABILITIES).
 const LEAF1_ECX_PDCM: u32 = 1 << 15;
+/// CPUID.(EAX=7,ECX=0):EDX SPEC_CTRL (26): IBRS and IBPB, Intel's enumeration.
+const LEAF7_EDX_SPEC_CTRL: u32 = 1 << 26;
+/// CPUID.80000008H:EBX IBPB (12), AMD's enumeration.
+const EXT8_EBX_AMD_IBPB: u32 = 1 << 12;
 
-/// What every personality hides from the guest because it cannot use it: TSX.
+/// What every personality hides from the guest because the PMU model cannot keep the promise
+/// it makes: TSX (above), and IBPB. The precise source has no branch predictor and counts no
+/// mispredicted branches; a guest told of IBPB may rely on it to force one (kvm-unit-tests
+/// x86/pmu then expects at least one branch miss, and without IBPB allows none). Hiding it
+/// makes that expectation the same on every host, whatever its CPU enumerates.
 fn hide_unusable(cpuid: &mut CpuId) {
-    if let Some(e) = cpuid
-        .as_mut_slice()
-        .iter_mut()
-        .find(|e| e.function == 7 && e.index == 0)
-    {
+    edit_leaf(cpuid, 7, |e| {
         e.ebx &= !LEAF7_EBX_TSX;
-        e.edx &= !LEAF7_EDX_TSX;
-    }
+        e.edx &= !(LEAF7_EDX_TSX | LEAF7_EDX_SPEC_CTRL);
+    });
+    edit_leaf(cpuid, 0x8000_0008, |e| e.ebx &= !EXT8_EBX_AMD_IBPB);
 }
 
-/// The leaves the personalities edit for honesty (PMU enumeration, TSX) on which `installed`
+/// The leaves the personalities edit for honesty (PMU enumeration, TSX, IBPB) on which `installed`
 /// (what `KVM_GET_CPUID2` reports) differs from `asked` (what was set): one line each. A host
 /// that forced a leaf through would make the guest see what it cannot use.
 pub fn cpuid_differences(asked: &CpuId, installed: &CpuId) -> Vec<String> {
@@ -128,9 +133,14 @@ pub fn cpuid_differences(asked: &CpuId, installed: &CpuId) -> Vec<String> {
             .map(|e| [e.eax, e.ebx, e.ecx, e.edx])
     };
     // (function, index, the register bits that matter: eax, ebx, ecx, edx masks).
-    let checked: [(u32, u32, [u32; 4]); 5] = [
+    let checked: [(u32, u32, [u32; 4]); 6] = [
         (1, 0, [0, 0, LEAF1_ECX_PDCM, 0]),
-        (7, 0, [0, LEAF7_EBX_TSX, 0, LEAF7_EDX_TSX]),
+        (
+            7,
+            0,
+            [0, LEAF7_EBX_TSX, 0, LEAF7_EDX_TSX | LEAF7_EDX_SPEC_CTRL],
+        ),
+        (0x8000_0008, 0, [0, EXT8_EBX_AMD_IBPB, 0, 0]),
         (0xa, 0, [u32::MAX; 4]),
         (0x8000_0001, 0, [0, 0, vpmu_amd::CPUID_PERF_CTR_EXT_CORE, 0]),
         (CPUID_PERFMON_LEAF, 0, [u32::MAX; 4]),
@@ -436,6 +446,48 @@ mod tests {
             named.iter().any(|d| d.starts_with("leaf 0xa.0")),
             "{named:?}"
         );
+    }
+
+    #[test]
+    fn no_personality_advertises_ibpb_and_a_forced_one_is_named() {
+        let mut host = base();
+        let leaf7 = kvm_cpuid_entry2 {
+            function: 7,
+            edx: LEAF7_EDX_SPEC_CTRL | 1,
+            ..Default::default()
+        };
+        let ext8 = kvm_cpuid_entry2 {
+            function: 0x8000_0008,
+            ebx: EXT8_EBX_AMD_IBPB | 1,
+            ..Default::default()
+        };
+        host.push(leaf7).expect("room");
+        host.push(ext8).expect("room");
+        let (mut intel, mut amd) = (host.clone(), host.clone());
+        Intel::v5(Source::Precise).cpuid(&mut intel);
+        Amd::perfmon_v2(Source::Precise).cpuid(&mut amd);
+        for c in [&intel, &amd] {
+            let find = |function| c.as_slice().iter().find(|e| e.function == function);
+            assert_eq!(
+                find(7).expect("leaf 7").edx,
+                1,
+                "SPEC_CTRL hidden, the rest kept"
+            );
+            assert_eq!(
+                find(0x8000_0008).expect("leaf 0x80000008").ebx,
+                1,
+                "AMD IBPB hidden"
+            );
+            let named = cpuid_differences(c, &host);
+            assert!(
+                named.iter().any(|d| d.starts_with("leaf 0x7.0")),
+                "{named:?}"
+            );
+            assert!(
+                named.iter().any(|d| d.starts_with("leaf 0x80000008.0")),
+                "{named:?}"
+            );
+        }
     }
 
     #[test]
