@@ -64,6 +64,23 @@ pub struct Config {
     pub avoid_known_bugs: bool,
 }
 
+/// What every run must reach, or it would prove nothing. How soon a run reaches each depends
+/// on how the OS interleaves its threads (an `Unload` completes only when a sibling's thread
+/// asks for it while this one holds the vCPU), so a thread that has taken its `steps` goes on
+/// while any is still at 0, up to [`EXTRA_STEPS_FACTOR`] times as many: the run does not need
+/// a quiet machine to be meaningful.
+pub const MUST_REACH: [&str; 5] = [
+    "counter reads checked exactly",
+    "PMIs delivered",
+    "request CatchUp completed",
+    "request Unload completed",
+    "filter changes completed",
+];
+
+/// A thread's actions at most, as a multiple of `Config::steps`, while something in
+/// [`MUST_REACH`] is still at 0.
+pub const EXTRA_STEPS_FACTOR: u64 = 4;
+
 /// What a run found and reached.
 #[derive(Debug)]
 pub struct Report {

@@ -173,7 +173,8 @@ impl<'a, V: SimVendor> Runner<'a, V> {
         if !self.barrier() {
             return;
         }
-        while self.actions < steps {
+        let most = steps.saturating_mul(super::EXTRA_STEPS_FACTOR);
+        while self.actions < steps || (self.actions < most && self.unreached()) {
             if self.aborted() {
                 return;
             }
@@ -189,6 +190,13 @@ impl<'a, V: SimVendor> Runner<'a, V> {
             thread::yield_now();
         }
         self.finale();
+    }
+
+    /// Whether the run has not reached something it must yet (`MUST_REACH`).
+    fn unreached(&self) -> bool {
+        super::MUST_REACH
+            .iter()
+            .any(|what| self.shared.coverage.get(what) == 0)
     }
 
     /// Waits, completing the requests sent to this pCPU meanwhile, until every thread has
