@@ -43,14 +43,19 @@ pub(crate) enum Command {
     /// (scripts/coverage.sh builds it), 77 no /dev/kvm.
     #[command(args_conflicts_with_subcommands = true)]
     Coverage(CoverageArgs),
-    /// Run a multiboot image (e.g. kvm-unit-tests x86/pmu) as QEMU's -kernel would.
+    /// Run a multiboot image (e.g. kvm-unit-tests x86/pmu) or a Linux kernel with a virtual PMU.
     ///
-    /// One vCPU in flat 32-bit protected mode at the ELF entry (EAX = 0x2BADB002, EBX = the
-    /// multiboot info), COM1 console on stdout, isa-debug-exit (0xf4), fw_cfg, KVM's LAPIC, and
-    /// the chosen PMU on the precise (single-step) event source. Exit status: 0 when the guest
-    /// wrote 0 to isa-debug-exit; for a non-zero code, (code << 1 | 1) & 0xff as QEMU's (3 for
-    /// code 1; 77 for kvm-unit-tests' all-skipped code 38); 1 if the guest never wrote one
-    /// (timeout, a broken run); 2 bad options; 77 no /dev/kvm.
+    /// A multiboot image: one vCPU in flat 32-bit protected mode at the ELF entry (EAX =
+    /// 0x2BADB002, EBX = the multiboot info), fw_cfg, the precise event source by default. A
+    /// Linux kernel (vmlinux or bzImage): the x86 64-bit boot protocol with boot_params, an
+    /// e820 map, an MP table, --initrd and --append as its command line, the timed event
+    /// source by default; the host's quirks are probed first and what Linux must not use is
+    /// appended to its command line. Both: COM1 console on stdout (with its transmitter
+    /// interrupt), isa-debug-exit (0xf4), KVM's LAPIC, the chosen PMU. Exit status: 0 when the
+    /// guest wrote 0 to isa-debug-exit or reset the machine (keyboard controller, triple
+    /// fault); for a non-zero code, (code << 1 | 1) & 0xff as QEMU's (3 for code 1; 77 for
+    /// kvm-unit-tests' all-skipped code 38); 1 if the guest did neither (timeout, a broken
+    /// run); 2 bad options; 77 no /dev/kvm.
     Boot(BootArgs),
 }
 
@@ -82,22 +87,47 @@ impl From<PmuArg> for vpmu_machine::Shape {
     }
 }
 
+/// The event source of `vpmu boot` (`--source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SourceArg {
+    /// Single-stepping CPL0: exact instructions and branches; never counts CPL3.
+    Precise,
+    /// Time in KVM_RUN as cycles, split by privilege level; for a kernel with user space.
+    Timed,
+}
+
+impl From<SourceArg> for vpmu_machine::personality::Source {
+    fn from(s: SourceArg) -> Self {
+        match s {
+            SourceArg::Precise => Self::Precise,
+            SourceArg::Timed => Self::Timed,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct BootArgs {
-    /// The multiboot image: an ELF64 x86-64 or ELF32 i386 executable with a multiboot header.
-    #[arg(value_name = "ELF")]
+    /// The image: a multiboot ELF (ELF64 x86-64 or ELF32 i386 with a multiboot header), or a
+    /// Linux kernel (an ELF64 vmlinux without one, or a bzImage).
+    #[arg(value_name = "IMAGE")]
     pub(crate) image: PathBuf,
     /// The PMU the guest sees.
     #[arg(long, value_enum, default_value_t = PmuArg::IntelV5)]
     pub(crate) pmu: PmuArg,
-    /// Guest RAM in MiB.
+    /// The event source [default: precise for a multiboot image, timed for a kernel].
+    #[arg(long, value_enum)]
+    pub(crate) source: Option<SourceArg>,
+    /// Guest RAM in MiB [default: 256 for a multiboot image (2 to 3072), 128 for a kernel
+    /// (32 to 3072)].
     #[arg(
         long,
         value_name = "MIB",
-        default_value_t = boot::DEFAULT_MEM_MIB,
         value_parser = clap::value_parser!(u64).range(boot::MIN_MEM_MIB..=boot::MAX_MEM_MIB)
     )]
-    pub(crate) mem: u64,
+    pub(crate) mem: Option<u64>,
+    /// The initial RAM disk of a kernel (a cpio archive the kernel can unpack).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) initrd: Option<PathBuf>,
     /// Stop the guest after this many seconds (exit status 1).
     #[arg(
         long,
@@ -106,7 +136,8 @@ pub(crate) struct BootArgs {
         value_parser = clap::value_parser!(u64).range(1..=86_400)
     )]
     pub(crate) timeout: u64,
-    /// Arguments for the guest's command line, after the image's file name (QEMU's -append).
+    /// A multiboot image's arguments, after its file name; a kernel's whole command line
+    /// (QEMU's -append).
     #[arg(
         long,
         value_name = "ARGS",

@@ -26,7 +26,7 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use vpmu_coverage as coverage;
-use vpmu_machine::{boot, kvm};
+use vpmu_machine::{boot, kvm, linux};
 use vpmu_profile as profile;
 use vpmu_selftest as selftest;
 
@@ -104,8 +104,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// `vpmu boot`: the guest's isa-debug-exit code as the exit status (`boot::exit_status`), 1
-/// if it wrote none.
+/// `vpmu boot`: the guest's isa-debug-exit code as the exit status (`boot::exit_status`), 0
+/// for a reset, 1 if it did neither. A multiboot image or a Linux kernel, by what the file is.
 fn boot_command(args: &BootArgs) -> ExitCode {
     let image = match std::fs::read(&args.image) {
         Ok(image) => image,
@@ -114,6 +114,25 @@ fn boot_command(args: &BootArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if vpmu_machine::loader::multiboot_header(&image).is_some() {
+        if args.initrd.is_some() {
+            eprintln!("vpmu boot: --initrd is for a Linux kernel, not a multiboot image");
+            return ExitCode::from(2);
+        }
+        return multiboot_command(args, &image);
+    }
+    if linux::kernel_format(&image).is_none() {
+        eprintln!(
+            "vpmu boot: {} is neither a multiboot image (magic 0x1BADB002 with its checksum in \
+             the first 8 KiB) nor a Linux kernel (an ELF64 x86-64 vmlinux, or a bzImage)",
+            args.image.display()
+        );
+        return ExitCode::from(2);
+    }
+    linux_command(args, &image)
+}
+
+fn multiboot_command(args: &BootArgs, image: &[u8]) -> ExitCode {
     let name = args
         .image
         .file_name()
@@ -135,34 +154,112 @@ fn boot_command(args: &BootArgs) -> ExitCode {
         Err(code) => return code,
     };
     let options = boot::BootOptions {
-        mem_size: usize::try_from(args.mem << 20).unwrap_or(usize::MAX),
+        mem_size: usize::try_from(args.mem.unwrap_or(boot::DEFAULT_MEM_MIB) << 20)
+            .unwrap_or(usize::MAX),
         cmdline,
         echo: true,
     };
     let shape = vpmu_machine::Shape::from(args.pmu);
+    let source = args.source.unwrap_or(SourceArg::Precise).into();
     let timeout = Duration::from_secs(args.timeout);
-    let result = match boot::run(&kvm, shape, &image, &options, timeout) {
-        Ok(result) => result,
+    match boot::run(&kvm, shape, source, image, &options, timeout) {
+        Ok(result) => boot_outcome(shape, &result, "single steps"),
+        Err(e) => {
+            eprintln!("vpmu boot: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn linux_command(args: &BootArgs, kernel: &[u8]) -> ExitCode {
+    let mem = args.mem.unwrap_or(linux::DEFAULT_MEM_MIB);
+    if !(linux::MIN_MEM_MIB..=linux::MAX_MEM_MIB).contains(&mem) {
+        eprintln!(
+            "vpmu boot: a Linux guest needs --mem {} to {} (MiB)",
+            linux::MIN_MEM_MIB,
+            linux::MAX_MEM_MIB
+        );
+        return ExitCode::from(2);
+    }
+    if args.append.len() > linux::MAX_CMDLINE {
+        eprintln!(
+            "vpmu boot: the kernel command line (--append) is longer than {} bytes",
+            linux::MAX_CMDLINE
+        );
+        return ExitCode::from(2);
+    }
+    let initrd = match &args.initrd {
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                eprintln!("vpmu boot: cannot read {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let kvm = match kvm_for("boot") {
+        Ok(kvm) => kvm,
+        Err(code) => return code,
+    };
+    let options = linux::LinuxOptions {
+        mem_size: usize::try_from(mem << 20).unwrap_or(usize::MAX),
+        cmdline: args.append.clone(),
+        initrd,
+        echo: true,
+    };
+    let shape = vpmu_machine::Shape::from(args.pmu);
+    let source = args.source.unwrap_or(SourceArg::Timed).into();
+    let timeout = Duration::from_secs(args.timeout);
+    let run = match linux::run(&kvm, shape, source, kernel, &options, timeout) {
+        Ok(run) => run,
         Err(e) => {
             eprintln!("vpmu boot: {e}");
             return ExitCode::FAILURE;
         }
     };
+    for line in run.quirks.describe() {
+        eprintln!("vpmu boot: host quirk: {line}");
+    }
+    eprintln!("vpmu boot: kernel command line: {}", run.cmdline);
+    let c = run.result.completions;
+    eprintln!(
+        "vpmu boot: completed for the guest: {} SYSCALLs, {} INT3, {} FWAIT ({} other #PFs \
+         stepped over)",
+        c.syscalls, c.int3, c.fwait, c.page_faults_passed
+    );
+    boot_outcome(shape, &run.result, "single steps")
+}
+
+/// The end of a boot run as the exit status, with a line on stderr.
+fn boot_outcome(
+    shape: vpmu_machine::Shape,
+    result: &vpmu_machine::RunResult,
+    steps: &str,
+) -> ExitCode {
     let took = result.elapsed.as_secs_f64();
-    match (result.status, &result.error) {
-        (Some(code), _) => {
+    let counts = format!(
+        "{} {steps}, {} PMU MSR exits, {} PMIs",
+        result.steps, result.msr_exits, result.pmis
+    );
+    match (result.status, result.reset, &result.error) {
+        (Some(code), _, _) => {
             let status = boot::exit_status(code);
             eprintln!(
-                "vpmu boot: {} exited with code {code} (status {status}) after {took:.1} s, {} \
-                 single steps, {} PMU MSR exits, {} PMIs",
+                "vpmu boot: {} exited with code {code} (status {status}) after {took:.1} s, \
+                 {counts}",
                 shape.name(),
-                result.steps,
-                result.msr_exits,
-                result.pmis
             );
             ExitCode::from(status)
         }
-        (None, error) => {
+        (None, Some(how), _) => {
+            eprintln!(
+                "vpmu boot: {} reset the machine ({how}) after {took:.1} s, {counts}",
+                shape.name()
+            );
+            ExitCode::SUCCESS
+        }
+        (None, None, error) => {
             eprintln!(
                 "vpmu boot: {} did not exit ({}) after {took:.1} s",
                 shape.name(),
@@ -461,8 +558,8 @@ mod tests {
             panic!("boot");
         };
         assert_eq!(
-            (b.pmu, b.mem, b.timeout, b.append.as_str()),
-            (PmuArg::IntelV5, 256, 1800, "")
+            (b.pmu, b.mem, b.timeout, b.append.as_str(), b.source),
+            (PmuArg::IntelV5, None, 1800, "", None)
         );
         assert_eq!(b.image, PathBuf::from("x.elf"));
         let Command::Boot(b) = parse("boot --pmu amd-k7 --mem 64 --timeout 30 --append -v y.flat")
@@ -471,8 +568,18 @@ mod tests {
         else {
             panic!("boot");
         };
-        assert_eq!((b.pmu, b.mem, b.timeout), (PmuArg::AmdK7, 64, 30));
+        assert_eq!((b.pmu, b.mem, b.timeout), (PmuArg::AmdK7, Some(64), 30));
         assert_eq!(b.append, "-v");
+        let Command::Boot(b) =
+            parse("boot --source timed --initrd i.cpio --append console=ttyS0 vmlinux")
+                .expect("ok")
+                .command
+        else {
+            panic!("boot");
+        };
+        assert_eq!(b.source, Some(SourceArg::Timed));
+        assert_eq!(b.initrd, Some(PathBuf::from("i.cpio")));
+        assert_eq!(b.append, "console=ttyS0");
         for pmu in ["intel-v5", "intel-v2", "amd-perfmonv2", "amd-k7"] {
             let Command::Boot(b) = parse(&format!("boot --pmu {pmu} z")).expect(pmu).command else {
                 panic!("boot");
@@ -485,6 +592,7 @@ mod tests {
             "boot --mem 1 x",
             "boot --mem 4096 x",
             "boot --timeout 0 x",
+            "boot --source exact x",
         ] {
             assert_eq!(parse(bad).expect_err(bad).exit_code(), 2, "{bad}");
         }

@@ -140,17 +140,17 @@ impl<P: Personality> Machine<P> {
     }
 }
 
-/// Runs `image` as a boot image on the test shape `shape` with the precise event source, for
-/// at most `timeout`.
+/// Runs `image` as a boot image on the test shape `shape` with event source `source` (the
+/// precise one is what kvm-unit-tests' exact counts need), for at most `timeout`.
 pub fn run(
     kvm: &Kvm,
     shape: Shape,
+    source: Source,
     image: &[u8],
     options: &BootOptions,
     timeout: Duration,
 ) -> Result<RunResult> {
     let cpuid = crate::kvm::supported_cpuid(kvm)?;
-    let source = Source::Precise;
     let result = match shape {
         Shape::IntelV5 => Machine::boot(kvm, Intel::v5(source), &cpuid, image, options)?
             .run(timeout)
@@ -180,8 +180,19 @@ const FW_CFG_DATA: u16 = 0x511;
 const LCR_DLAB: u8 = 0x80;
 /// LSR: transmitter holding register and transmitter empty.
 const LSR_TX_EMPTY: u8 = 0x60;
-/// IIR: no interrupt pending.
+/// IIR: no interrupt pending; the transmitter holding register is empty; FIFOs enabled.
 const IIR_NONE: u8 = 0x01;
+const IIR_THRE: u8 = 0x02;
+const IIR_FIFO: u8 = 0xc0;
+/// IER: the transmitter-empty interrupt enable.
+const IER_THRI: u8 = 0x02;
+/// FCR: FIFO enable.
+const FCR_ENABLE: u8 = 0x01;
+/// COM1's ISA interrupt line.
+pub const COM1_IRQ: u32 = 4;
+/// The keyboard controller's command/status port, and its "pulse the reset line" command.
+const KBD_COMMAND: u16 = 0x64;
+const KBD_RESET: u8 = 0xfe;
 /// MSR: CTS, DSR, DCD (a null-modem peer that is always ready).
 const MODEM_READY: u8 = 0xb0;
 
@@ -200,6 +211,10 @@ pub(crate) enum PortEffect {
     None,
     /// isa-debug-exit: the guest ended with this code.
     Exit(u32),
+    /// Raise this ISA interrupt line (an edge: the run loop pulses it).
+    Interrupt(u32),
+    /// The guest reset the machine through the keyboard controller.
+    Reset,
 }
 
 /// The PC devices of a boot image (module docs), for one vCPU.
@@ -211,6 +226,10 @@ pub(crate) struct PcDevices {
     mcr: u8,
     scr: u8,
     divisor: [u8; 2],
+    /// FIFOs enabled (FCR bit 0): IIR then says so, and Linux's 8250 driver sees a 16550A.
+    fifo: bool,
+    /// A transmitter-empty interrupt is pending (cleared by reading IIR, as on a 16550).
+    thre_pending: bool,
     /// fw_cfg: the selected item's bytes and the read position.
     item: Vec<u8>,
     at: usize,
@@ -228,6 +247,8 @@ impl PcDevices {
             mcr: 0,
             scr: 0,
             divisor: [1, 0],
+            fifo: false,
+            thre_pending: false,
             item: Vec::new(),
             at: 0,
             ram_size,
@@ -276,11 +297,26 @@ impl PcDevices {
                         let _ = out.flush();
                     }
                 }
+                // The byte is gone at once: the holding register is empty again.
+                return self.transmitter_empty();
             }
             COM1 => self.divisor[0] = byte,
-            0x3f9 if self.lcr & LCR_DLAB == 0 => self.ier = byte & 0x0f,
+            0x3f9 if self.lcr & LCR_DLAB == 0 => {
+                let was = self.ier;
+                self.ier = byte & 0x0f;
+                // Enabling the interrupt with the register empty raises it at once (how
+                // Linux's 8250 driver starts a transmission and probes for the interrupt).
+                if self.ier & IER_THRI != 0 && was & IER_THRI == 0 {
+                    return self.transmitter_empty();
+                }
+                if self.ier & IER_THRI == 0 {
+                    self.thre_pending = false;
+                }
+            }
             0x3f9 => self.divisor[1] = byte,
-            0x3fa => {} // FCR
+            0x3fa => self.fifo = byte & FCR_ENABLE != 0,
+            KBD_COMMAND if byte == KBD_RESET => return PortEffect::Reset,
+            KBD_COMMAND => {}
             0x3fb => self.lcr = byte,
             0x3fc => self.mcr = byte & 0x1f,
             0x3fd | 0x3fe => {} // LSR, MSR: read-only
@@ -297,6 +333,16 @@ impl PcDevices {
         PortEffect::None
     }
 
+    /// The transmitter holding register became empty: an interrupt if it is enabled.
+    fn transmitter_empty(&mut self) -> PortEffect {
+        if self.ier & IER_THRI != 0 {
+            self.thre_pending = true;
+            PortEffect::Interrupt(COM1_IRQ)
+        } else {
+            PortEffect::None
+        }
+    }
+
     /// `in` of `size` bytes from `port`.
     pub(crate) fn input(&mut self, port: u16, size: usize) -> u32 {
         let byte = |b: u8| u32::from(b);
@@ -305,7 +351,17 @@ impl PcDevices {
             COM1 => byte(self.divisor[0]),
             0x3f9 if self.lcr & LCR_DLAB == 0 => byte(self.ier),
             0x3f9 => byte(self.divisor[1]),
-            0x3fa => byte(IIR_NONE),
+            0x3fa => {
+                let fifo = if self.fifo { IIR_FIFO } else { 0 };
+                if std::mem::take(&mut self.thre_pending) {
+                    byte(IIR_THRE | fifo)
+                } else {
+                    byte(IIR_NONE | fifo)
+                }
+            }
+            // The keyboard controller: output and input buffers empty (its reset command is
+            // taken at once).
+            KBD_COMMAND => 0,
             0x3fb => byte(self.lcr),
             0x3fc => byte(self.mcr),
             0x3fd => byte(LSR_TX_EMPTY),
@@ -326,6 +382,43 @@ impl PcDevices {
                 } else {
                     (1u32 << (8 * size)) - 1
                 }
+            }
+        }
+    }
+}
+
+impl<P: Personality> crate::runner::Runner<'_, P> {
+    /// A port write in boot mode, to the PC devices; true if it ended the run (isa-debug-exit,
+    /// the keyboard controller's reset).
+    pub(crate) fn device_out(
+        &mut self,
+        port: u16,
+        size: usize,
+        value: u32,
+        result: &mut RunResult,
+    ) -> Result<bool> {
+        let Some(devices) = self.devices.as_mut() else {
+            return Ok(false);
+        };
+        match devices.out(port, size, value, &mut result.console) {
+            PortEffect::None => Ok(false),
+            PortEffect::Exit(code) => {
+                result.status = Some(code);
+                Ok(true)
+            }
+            PortEffect::Reset => {
+                result.reset = Some("keyboard-controller reset");
+                Ok(true)
+            }
+            PortEffect::Interrupt(line) => {
+                // An edge on the in-kernel PIC and IOAPIC.
+                for level in [true, false] {
+                    self.vm
+                        .vm
+                        .set_irq_line(line, level)
+                        .map_err(MachineError::kvm("KVM_IRQ_LINE"))?;
+                }
+                Ok(false)
             }
         }
     }
@@ -383,6 +476,52 @@ mod tests {
         d.out(0x3f8, 1, u32::from(b'k'), &mut console);
         assert_eq!(console, "ok");
         assert_eq!(d.input(0x3fa, 1), 1);
+        assert!(d.unclaimed.is_empty());
+    }
+
+    #[test]
+    fn the_transmitter_interrupt_follows_a_16550() {
+        let mut d = PcDevices::new(1 << 28, false);
+        let mut console = String::new();
+        // No interrupt while IER.THRI is clear; IIR says none (and FIFOs once enabled).
+        assert_eq!(
+            d.out(0x3f8, 1, u32::from(b'a'), &mut console),
+            PortEffect::None
+        );
+        assert_eq!(d.input(0x3fa, 1), 0x01);
+        d.out(0x3fa, 1, 0x07, &mut console);
+        assert_eq!(d.input(0x3fa, 1), 0xc1);
+        // Enabling it with the register empty raises it; reading IIR reports and clears it.
+        assert_eq!(
+            d.out(0x3f9, 1, 0x02, &mut console),
+            PortEffect::Interrupt(4)
+        );
+        assert_eq!(d.input(0x3fa, 1), 0xc2);
+        assert_eq!(d.input(0x3fa, 1), 0xc1);
+        // Each byte written raises it again.
+        assert_eq!(
+            d.out(0x3f8, 1, u32::from(b'b'), &mut console),
+            PortEffect::Interrupt(4)
+        );
+        assert_eq!(d.input(0x3fa, 1), 0xc2);
+        // Disabling it drops a pending one.
+        d.out(0x3f8, 1, u32::from(b'c'), &mut console);
+        d.out(0x3f9, 1, 0x00, &mut console);
+        assert_eq!(d.input(0x3fa, 1), 0xc1);
+        assert_eq!(console, "abc");
+    }
+
+    #[test]
+    fn the_keyboard_controller_resets_the_machine() {
+        let mut d = PcDevices::new(1 << 28, false);
+        let mut console = String::new();
+        assert_eq!(
+            d.input(0x64, 1),
+            0,
+            "buffers empty: Linux's kb_wait does not spin"
+        );
+        assert_eq!(d.out(0x64, 1, 0xfe, &mut console), PortEffect::Reset);
+        assert_eq!(d.out(0x64, 1, 0xad, &mut console), PortEffect::None);
         assert!(d.unclaimed.is_empty());
     }
 

@@ -44,6 +44,17 @@ pub(super) enum Exit {
     Debug {
         pc: u64,
     },
+    /// An access to guest-physical memory that is not RAM; `data` points at `len` bytes of
+    /// the `kvm_run` page, the value a read returns.
+    MmioRead {
+        data: *mut u8,
+        len: usize,
+    },
+    MmioWrite,
+    /// The vCPU shut down (a triple fault).
+    Shutdown,
+    /// KVM could not run the guest's next instruction (`KVM_EXIT_INTERNAL_ERROR`).
+    InternalError,
     /// `KVM_RUN` returned `EINTR`: kicked.
     Kicked,
     Other(String),
@@ -105,6 +116,13 @@ impl<P: Personality> Runner<'_, P> {
                 len: data.len(),
             },
             VcpuExit::Debug(d) => Exit::Debug { pc: d.pc },
+            VcpuExit::MmioRead(_, data) => Exit::MmioRead {
+                data: data.as_mut_ptr(),
+                len: data.len(),
+            },
+            VcpuExit::MmioWrite(..) => Exit::MmioWrite,
+            VcpuExit::Shutdown => Exit::Shutdown,
+            VcpuExit::InternalError => Exit::InternalError,
             other => Exit::Other(format!("{other:?}")),
         })
     }

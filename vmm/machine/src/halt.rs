@@ -70,9 +70,17 @@ fn find(desc: &[u8], count: usize, name_size: usize, names: &[&str; 3]) -> Optio
     Some([found[0]?, found[1]?, found[2]?])
 }
 
-impl HaltClock {
-    /// The clock of `vcpu`, or None where KVM has no binary statistics (or not these).
-    pub(crate) fn new(vcpu: &VcpuFd) -> Option<Self> {
+/// A vCPU's binary statistics file, with its descriptors read.
+struct StatsFile {
+    file: File,
+    desc: Vec<u8>,
+    count: usize,
+    name_size: usize,
+    data_offset: u64,
+}
+
+impl StatsFile {
+    fn open(vcpu: &VcpuFd) -> Option<Self> {
         // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new fd or -1.
         let fd = unsafe { libc::ioctl(vcpu.as_raw_fd(), KVM_GET_STATS_FD as _) };
         if fd < 0 {
@@ -88,6 +96,79 @@ impl HaltClock {
         let (name_size, count, desc_offset, data_offset) = (word(4), word(8), word(16), word(20));
         let mut desc = vec![0u8; count.checked_mul(16 + name_size)?.min(1 << 20)];
         file.read_exact_at(&mut desc, desc_offset as u64).ok()?;
+        Some(Self {
+            file,
+            desc,
+            count,
+            name_size,
+            data_offset: data_offset as u64,
+        })
+    }
+}
+
+/// How many instructions KVM's emulator ran for a vCPU (`insn_emulation`): on this host the
+/// guest's CPL0 code is emulated and its CPL3 code runs natively, so the count's growth over a
+/// `KVM_RUN` tells how much of it was kernel (the timed source splits a run's time by it).
+#[derive(Debug)]
+pub(crate) struct EmulationCount {
+    file: File,
+    at: u64,
+    seen: u64,
+}
+
+impl EmulationCount {
+    /// The count of `vcpu`, or None where KVM has no such statistic.
+    pub(crate) fn new(vcpu: &VcpuFd) -> Option<Self> {
+        let stats = StatsFile::open(vcpu)?;
+        let size = 16 + stats.name_size;
+        let offset = stats
+            .desc
+            .chunks_exact(size)
+            .take(stats.count)
+            .find_map(|d| {
+                let name = &d[16..];
+                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+                let flags = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+                let len = u16::from_le_bytes([d[6], d[7]]);
+                (name == b"insn_emulation" && flags & TYPE_MASK == TYPE_CUMULATIVE && len == 1)
+                    .then(|| u64::from(u32::from_le_bytes([d[8], d[9], d[10], d[11]])))
+            })?;
+        let mut count = Self {
+            file: stats.file,
+            at: stats.data_offset + offset,
+            seen: 0,
+        };
+        count.seen = count.read()?;
+        Some(count)
+    }
+
+    fn read(&self) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.file.read_exact_at(&mut b, self.at).ok()?;
+        Some(u64::from_le_bytes(b))
+    }
+
+    /// Instructions emulated since the last call (0 if the statistics cannot be read).
+    pub(crate) fn since(&mut self) -> u64 {
+        let Some(now) = self.read() else {
+            return 0;
+        };
+        let grown = now.saturating_sub(self.seen);
+        self.seen = now;
+        grown
+    }
+}
+
+impl HaltClock {
+    /// The clock of `vcpu`, or None where KVM has no binary statistics (or not these).
+    pub(crate) fn new(vcpu: &VcpuFd) -> Option<Self> {
+        let StatsFile {
+            file,
+            desc,
+            count,
+            name_size,
+            data_offset,
+        } = StatsFile::open(vcpu)?;
         let at = find(&desc, count, name_size, &HALTED)?;
         let first = *at.iter().min()?;
         let last = *at.iter().max()?;
@@ -96,7 +177,7 @@ impl HaltClock {
         }
         let mut clock = Self {
             file,
-            start: data_offset as u64 + first,
+            start: data_offset + first,
             offsets: at.map(|o| (o - first) as usize),
             span: vec![0u8; (last - first) as usize + 8],
             seen: 0,

@@ -63,6 +63,12 @@ impl GuestMem {
         Ok(Self { mem, len })
     }
 
+    /// The vm-memory object itself, for loaders that write guest memory through it
+    /// (`linux-loader`); the same volatile copies as every other access.
+    pub(crate) fn backend(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
     /// Host address of GPA 0 (for KVM's memory region).
     fn host_addr(&self) -> Result<u64> {
         self.mem
@@ -168,9 +174,9 @@ pub enum GuestDebug {
     Off,
     /// A `KVM_EXIT_DEBUG` after every instruction (CPL0 only on this host).
     SingleStep,
-    /// A `KVM_EXIT_DEBUG` before the instruction at this linear address runs (a hardware
-    /// execution breakpoint in DR0).
-    Breakpoint(u64),
+    /// A `KVM_EXIT_DEBUG` before the instruction at either linear address runs (hardware
+    /// execution breakpoints in DR0 and DR1; `None` leaves that register unused).
+    Breakpoints([Option<u64>; 2]),
 }
 
 /// A denied range for the MSR filter: every bit 0.
@@ -386,11 +392,15 @@ impl Vcpu {
             GuestDebug::SingleStep => {
                 request.control = KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP;
             }
-            GuestDebug::Breakpoint(address) => {
+            GuestDebug::Breakpoints(addresses) => {
                 request.control = KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP;
-                request.arch.debugreg[0] = address;
-                // DR7: L0, an execution breakpoint (R/W0 = 00, LEN0 = 00).
-                request.arch.debugreg[7] = 0x1;
+                for (i, address) in addresses.iter().enumerate() {
+                    if let Some(address) = *address {
+                        request.arch.debugreg[i] = address;
+                        // DR7: Li, an execution breakpoint (R/Wi = 00, LENi = 00).
+                        request.arch.debugreg[7] |= 1 << (2 * i);
+                    }
+                }
             }
         }
         self.fd
@@ -431,7 +441,7 @@ fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
 /// GDT: null, 64-bit code (0x8), data (0x10), 32-bit code (0x18, for -m32 code in
 /// compatibility mode), user data (0x20, DPL3: SS = 0x23), user 64-bit code (0x28, DPL3:
 /// CS = 0x2b), then one 64-bit TSS descriptor per vCPU (0x30 + 16 * i, see `TSS_BASE`).
-fn setup_page_tables(mem: &GuestMem) -> Result<()> {
+pub(crate) fn setup_page_tables(mem: &GuestMem) -> Result<()> {
     const USER: u64 = 0x4;
     mem.write_u64(PML4, PDPT | 0x3 | USER)?;
     for i in 0..4u64 {

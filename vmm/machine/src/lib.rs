@@ -52,6 +52,7 @@ use crate::kvm::{STACK_TOP, Vcpu};
 use crate::personality::Personality;
 pub use vpmu_models::shapes::Shape;
 
+pub use complete::Completions;
 use exit::MsrHandler;
 use host::Host;
 use platform::PlatformState;
@@ -60,6 +61,7 @@ use rendezvous::Rendezvous;
 use runner::Runner;
 
 pub mod boot;
+mod complete;
 pub mod error;
 mod exit;
 mod halt;
@@ -67,11 +69,13 @@ mod host;
 pub mod kick;
 pub mod kvm;
 mod layout;
+pub mod linux;
 pub mod loader;
 pub mod personality;
 mod platform;
 pub mod port;
 mod precise;
+pub mod quirks;
 mod rdpmc;
 mod rendezvous;
 mod results;
@@ -80,7 +84,7 @@ mod sched;
 pub mod symbols;
 #[cfg(test)]
 mod tests;
-mod timed;
+pub(crate) mod timed;
 pub mod translate;
 
 /// The privileged domain (domain 0; a run has one VM per domain, numbered from 0).
@@ -258,6 +262,8 @@ pub struct Machine<P: Personality> {
     /// Boot-image mode (`boot`): the PC devices of its one vCPU, which replace the project's
     /// guest ports.
     devices: Option<boot::PcDevices>,
+    /// The host quirks the VMM completes (Linux boot mode probes them; none elsewhere).
+    quirks: quirks::HostQuirks,
 }
 
 impl<P: Personality> std::fmt::Debug for Machine<P> {
@@ -395,6 +401,7 @@ impl<P: Personality> Machine<P> {
             finish_with: None,
             peeks: Vec::new(),
             devices: None,
+            quirks: quirks::HostQuirks::default(),
         })
     }
 
@@ -419,6 +426,7 @@ impl<P: Personality> Machine<P> {
             finish_with,
             peeks,
             devices,
+            quirks,
         } = self;
         let count = vcpus.len() as u32;
         let vcpu_ids: Vec<VcpuId> = vcpus.iter().map(|&(id, _)| id).collect();
@@ -432,6 +440,9 @@ impl<P: Personality> Machine<P> {
         let runners = vcpus.into_iter().enumerate().map(|(i, (me, vcpu))| Runner {
             // The timed source feeds no cycles for the time a vCPU was halted.
             halt: timed.then(|| halt::HaltClock::new(&vcpu.fd)).flatten(),
+            split: (timed && quirks.cpl0_emulated)
+                .then(|| timed::CplSplit::new(&vcpu.fd, quirks.ps_per_emulated))
+                .flatten(),
             personality: &personality,
             vm: &vms[me.domain as usize],
             vms: &vms,
@@ -465,6 +476,8 @@ impl<P: Personality> Machine<P> {
             halted_at_entry: false,
             devices: None,
             stepping_over: false,
+            quirks: &quirks,
+            completions: complete::Completions::default(),
         });
         // Boot-image mode has one vCPU, which gets the devices.
         let mut devices = devices;

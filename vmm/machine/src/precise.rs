@@ -11,6 +11,7 @@ use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 use super::runner::Runner;
 use crate::kvm::GuestMem;
 use crate::personality::{Personality, Source};
+use crate::translate::Paging;
 
 impl<P: Personality> Runner<'_, P> {
     /// A step exit at `pc`: the instruction at the previous step's `pc` (`next_rip`) retired;
@@ -58,9 +59,11 @@ impl<P: Personality> Runner<'_, P> {
         decode(&self.vm.mem, rip).is_some_and(|(_, branch)| branch)
     }
 
-    /// The entry point of IDT vector `vector` (64-bit gates).
+    /// The entry point of IDT vector `vector` (64-bit gates), the IDT read through the
+    /// guest's page tables (a kernel's IDT is at a virtual address).
     pub(super) fn handler_address(&self, vector: u8) -> Option<u64> {
-        handler_address(&self.vm.mem, self.sync.sregs.idt.base, vector)
+        let paging = super::platform::paging_of(&self.sync);
+        handler_address(&self.vm.mem, &paging, self.sync.sregs.idt.base, vector)
     }
 }
 
@@ -121,10 +124,12 @@ fn decode(mem: &GuestMem, rip: u64) -> Option<(u64, bool)> {
 /// The entry point of vector `vector`'s 64-bit gate in the IDT at `idt_base` (guest-chosen):
 /// None if the gate's address overflows or the gate is not all inside RAM (the handler is
 /// unknown; the caller attributes the step as if nothing had been injected).
-fn handler_address(mem: &GuestMem, idt_base: u64, vector: u8) -> Option<u64> {
+fn handler_address(mem: &GuestMem, paging: &Paging, idt_base: u64, vector: u8) -> Option<u64> {
     let gate = idt_base.checked_add(16 * u64::from(vector))?;
     let mut bytes = [0u8; 16];
-    mem.read(gate, &mut bytes).ok()?;
+    if !paging.read(mem, gate, &mut bytes) {
+        return None;
+    }
     let [lo, hi] = [0, 8].map(|at| u64::from_le_bytes(std::array::from_fn(|i| bytes[at + i])));
     Some((lo & 0xffff) | ((lo >> 32) & 0xffff_0000) | ((hi & 0xffff_ffff) << 32))
 }
@@ -168,14 +173,26 @@ mod tests {
         mem.write_u64(gate, 0x9abc_8e00_0008_def0).expect("in RAM");
         mem.write_u64(gate + 8, 0x1234_5678).expect("in RAM");
         assert_eq!(
-            handler_address(&mem, 0x1000, 0x40),
+            handler_address(&mem, &Paging::default(), 0x1000, 0x40),
             Some(0x1234_5678_9abc_def0)
         );
         // The guest chooses the base: base + 16 * vector wraps (no panic, no wrap to low RAM).
-        assert_eq!(handler_address(&mem, u64::MAX - 0x3ff, 0x40), None);
-        assert_eq!(handler_address(&mem, u64::MAX, 0xff), None);
+        assert_eq!(
+            handler_address(&mem, &Paging::default(), u64::MAX - 0x3ff, 0x40),
+            None
+        );
+        assert_eq!(
+            handler_address(&mem, &Paging::default(), u64::MAX, 0xff),
+            None
+        );
         // Outside RAM, and a gate straddling the end of RAM.
-        assert_eq!(handler_address(&mem, MEM_SIZE as u64, 0), None);
-        assert_eq!(handler_address(&mem, MEM_SIZE as u64 - 8, 0), None);
+        assert_eq!(
+            handler_address(&mem, &Paging::default(), MEM_SIZE as u64, 0),
+            None
+        );
+        assert_eq!(
+            handler_address(&mem, &Paging::default(), MEM_SIZE as u64 - 8, 0),
+            None
+        );
     }
 }

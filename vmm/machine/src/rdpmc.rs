@@ -14,8 +14,10 @@
 //!   (one single step without it) and re-armed.
 //!
 //! Limits: an RDPMC at CPL3 (CR4.PCE set) faults into a CPL0 handler on another stack; that
-//! frame is not unwound, so such an RDPMC keeps its #GP. Guest memory is read at the guest's
-//! linear addresses (the identity map the machine's guests and kvm-unit-tests use).
+//! frame is not unwound, so such an RDPMC keeps its #GP. The IDT, the frame and the
+//! instruction are read through the guest's own page tables (`translate::Paging`): a kernel
+//! such as Linux keeps them at virtual addresses (Linux's `x86_perf_event_update` reads every
+//! counter with RDPMC).
 
 use iced_x86::{Code, Decoder, DecoderOptions};
 use kvm_bindings::kvm_sync_regs;
@@ -26,6 +28,8 @@ use super::runner::Runner;
 use crate::error::{MachineError, Result};
 use crate::kvm::{GuestDebug, GuestMem};
 use crate::personality::Personality;
+use crate::platform::paging_of;
+use crate::translate::Paging;
 
 /// The #GP vector.
 const GP_VECTOR: u8 = 13;
@@ -40,7 +44,15 @@ const CR4_PCE: u64 = 1 << 8;
 /// size of `sync`'s CS.
 pub(crate) fn rdpmc_at(mem: &GuestMem, sync: &kvm_sync_regs, rip: u64) -> Option<u64> {
     let mut bytes = [0u8; 15];
-    mem.read(rip, &mut bytes).ok()?;
+    // The instruction may end right before an unmapped page: read what its page holds first.
+    let paging = paging_of(sync);
+    let in_page = (0x1000 - (rip & 0xfff)).min(15) as usize;
+    if !paging.read(mem, rip, &mut bytes[..in_page]) {
+        return None;
+    }
+    if in_page < 15 {
+        let _ = paging.read(mem, rip + in_page as u64, &mut bytes[in_page..]);
+    }
     let bitness = if sync.sregs.cs.l != 0 && sync.sregs.efer & EFER_LMA != 0 {
         64
     } else if sync.sregs.cs.db != 0 {
@@ -54,22 +66,27 @@ pub(crate) fn rdpmc_at(mem: &GuestMem, sync: &kvm_sync_regs, rip: u64) -> Option
 
 /// The exception frame of a long-mode handler entered with an error code, at its RSP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Frame {
-    error: u64,
-    rip: u64,
-    cs: u64,
-    rflags: u64,
-    rsp: u64,
+pub(crate) struct Frame {
+    pub(crate) error: u64,
+    pub(crate) rip: u64,
+    pub(crate) cs: u64,
+    pub(crate) rflags: u64,
+    pub(crate) rsp: u64,
 }
 
-fn read_frame(mem: &GuestMem, rsp: u64) -> Option<Frame> {
-    let word = |i: u64| mem.read_u64(rsp.checked_add(8 * i)?);
+/// The frame at linear address `rsp`, read through `paging`.
+pub(crate) fn read_frame(mem: &GuestMem, paging: &Paging, rsp: u64) -> Option<Frame> {
+    let mut bytes = [0u8; 40];
+    if !paging.read(mem, rsp, &mut bytes) {
+        return None;
+    }
+    let word = |i: usize| u64::from_le_bytes(std::array::from_fn(|b| bytes[8 * i + b]));
     Some(Frame {
-        error: word(0)?,
-        rip: word(1)?,
-        cs: word(2)?,
-        rflags: word(3)?,
-        rsp: word(4)?,
+        error: word(0),
+        rip: word(1),
+        cs: word(2),
+        rflags: word(3),
+        rsp: word(4),
     })
 }
 
@@ -93,7 +110,7 @@ impl<P: Personality> Runner<'_, P> {
 
     /// Writes the general registers of `self.sync` back to the vCPU at its next entry (sync
     /// regs, marked dirty).
-    fn write_back_regs(&mut self) {
+    pub(super) fn write_back_regs(&mut self) {
         *self.vcpu.fd.sync_regs_mut() = self.sync;
         self.vcpu.fd.set_sync_dirty_reg(SyncReg::Register);
     }
@@ -132,34 +149,52 @@ impl<P: Personality> Runner<'_, P> {
 
     /// Injects #GP(0) at the next entry; the next step retires the handler's first instruction.
     fn inject_gp(&mut self) -> Result<()> {
+        self.inject_exception(GP_VECTOR, Some(0))
+    }
+
+    /// Injects exception `vector` (with `error_code`, if it has one) at the next entry.
+    pub(super) fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<()> {
         let mut events = self
             .vcpu
             .fd
             .get_vcpu_events()
             .map_err(MachineError::kvm("KVM_GET_VCPU_EVENTS"))?;
         events.exception.injected = 1;
-        events.exception.nr = GP_VECTOR;
-        events.exception.has_error_code = 1;
-        events.exception.error_code = 0;
+        events.exception.nr = vector;
+        events.exception.has_error_code = u8::from(error_code.is_some());
+        events.exception.error_code = error_code.unwrap_or(0);
         self.vcpu
             .fd
             .set_vcpu_events(&events)
             .map_err(MachineError::kvm("KVM_SET_VCPU_EVENTS"))?;
-        self.state.injected = Some(GP_VECTOR);
+        self.state.injected = Some(vector);
         Ok(())
     }
 
     /// What to install for an entry without single-stepping: the breakpoint on the #GP
-    /// handler (long mode, an IDT that has vector 13), else nothing.
+    /// handler (long mode, an IDT that has vector 13) in DR0, and the host quirk's on the #PF
+    /// handler in DR1 (`quirks`), else nothing.
     pub(super) fn unstepped_debug(&self) -> GuestDebug {
+        let gp = self.long_mode_handler(GP_VECTOR);
+        let pf = self
+            .quirks
+            .syscall_lands_at_cpl3
+            .then(|| self.long_mode_handler(crate::quirks::PF_VECTOR))
+            .flatten();
+        if gp.is_none() && pf.is_none() {
+            GuestDebug::Off
+        } else {
+            GuestDebug::Breakpoints([gp, pf])
+        }
+    }
+
+    /// The handler of `vector` in a long-mode IDT that has it.
+    pub(super) fn long_mode_handler(&self, vector: u8) -> Option<u64> {
         let s = &self.sync.sregs;
-        if s.efer & EFER_LMA == 0 || u64::from(s.idt.limit) < 16 * u64::from(GP_VECTOR) + 15 {
-            return GuestDebug::Off;
+        if s.efer & EFER_LMA == 0 || u64::from(s.idt.limit) < 16 * u64::from(vector) + 15 {
+            return None;
         }
-        match self.handler_address(GP_VECTOR) {
-            Some(handler) if handler != 0 => GuestDebug::Breakpoint(handler),
-            _ => GuestDebug::Off,
-        }
+        self.handler_address(vector).filter(|&h| h != 0)
     }
 
     /// The breakpoint on the #GP handler was hit: completes a faulting RDPMC (module docs), or
@@ -174,7 +209,8 @@ impl<P: Personality> Runner<'_, P> {
     }
 
     fn complete_faulted_rdpmc(&mut self) -> Result<bool> {
-        let Some(frame) = read_frame(&self.vm.mem, self.sync.regs.rsp) else {
+        let Some(frame) = read_frame(&self.vm.mem, &paging_of(&self.sync), self.sync.regs.rsp)
+        else {
             return Ok(false);
         };
         let same_level = frame.cs == u64::from(self.sync.sregs.cs.selector);
@@ -237,7 +273,7 @@ mod tests {
             mem.write_u64(0x5000 + 8 * i as u64, *v).expect("in RAM");
         }
         assert_eq!(
-            read_frame(&mem, 0x5000),
+            read_frame(&mem, &Paging::default(), 0x5000),
             Some(Frame {
                 error: 0,
                 rip: 0x40_1234,
@@ -246,6 +282,6 @@ mod tests {
                 rsp: 0x7_fff0
             })
         );
-        assert_eq!(read_frame(&mem, u64::MAX - 8), None);
+        assert_eq!(read_frame(&mem, &Paging::default(), u64::MAX - 8), None);
     }
 }

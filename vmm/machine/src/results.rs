@@ -55,6 +55,11 @@ pub struct RunResult {
     /// Locks taken over the MSR exits answered by the vpmu, each from the exit to the next
     /// entry or to the end of the vCPU's slice (`msr_exit_ns[0].0` exits).
     pub msr_exit_locks: LockCount,
+    /// How the guest reset or shut the machine down, if it did (boot mode: the keyboard
+    /// controller's reset line, a triple fault). The run ended there.
+    pub reset: Option<&'static str>,
+    /// The host-quirk completions the VMM performed (`quirks`).
+    pub completions: crate::Completions,
 }
 
 /// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the

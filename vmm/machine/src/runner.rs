@@ -69,8 +69,14 @@ pub(super) struct Runner<'a, P: Personality> {
     pub(super) halted_at_entry: bool,
     /// Boot-image mode: the PC devices, which replace the project's guest ports.
     pub(super) devices: Option<crate::boot::PcDevices>,
-    /// The next entry single-steps once over the #GP handler's breakpoint (`rdpmc`).
+    /// The next entry single-steps once over a handler's breakpoint (`rdpmc`, `complete`).
     pub(super) stepping_over: bool,
+    /// The host quirks the VMM completes, and how often it did.
+    pub(super) quirks: &'a crate::quirks::HostQuirks,
+    pub(super) completions: crate::Completions,
+    /// Timed mode on a host that emulates CPL0: each run's time split between the levels by
+    /// the instructions KVM emulated in it (`timed`).
+    pub(super) split: Option<crate::timed::CplSplit>,
 }
 
 /// A runner's view for one call into the core: the platform, its pCPU's parts, the shared
@@ -311,6 +317,7 @@ impl<'a, P: Personality> Runner<'a, P> {
         result.halted_ns = self.halted_ns;
         result.vcpu = Some(self.me);
         result.pmi_contexts = std::mem::take(&mut self.state.pmi_contexts);
+        result.completions = self.completions;
         if let Err(e) = outcome {
             result.error = Some(e.to_string());
         }
@@ -331,6 +338,7 @@ impl<'a, P: Personality> Runner<'a, P> {
         let mut back: Option<Instant> = None;
         let mut armed: Option<Instant> = None;
         let precise = self.personality.source() == Source::Precise;
+        let split = !precise && self.split.is_some();
         let mut exits = 0u64;
         // The locks taken since the last exit, if it was a PMU MSR exit the vpmu answered.
         let mut msr_exit: Option<LockCount> = None;
@@ -393,7 +401,21 @@ impl<'a, P: Personality> Runner<'a, P> {
             let counting = personality.counting(model);
             // The model's own arithmetic on this thread's model: no copy, no lock.
             let until_pmi = if counting && !precise {
-                model.cycles_until_pmi(mode)
+                let here = model.cycles_until_pmi(mode);
+                if split {
+                    // A run's time may go to either level: the nearer overflow decides (the
+                    // kick re-arms after it if it was early).
+                    let other = ExecMode {
+                        cpl: if mode.cpl == 3 { 0 } else { 3 },
+                        host: false,
+                    };
+                    [here, model.cycles_until_pmi(other)]
+                        .into_iter()
+                        .flatten()
+                        .min()
+                } else {
+                    here
+                }
             } else {
                 None
             };
@@ -449,7 +471,7 @@ impl<'a, P: Personality> Runner<'a, P> {
             self.state.regs = regs_of(&self.sync);
             self.state.paging = paging_of(&self.sync);
             if !precise {
-                self.feed_cycles(ran, on_cpu);
+                self.feed_cycles(ran, on_cpu, mode);
             }
             self.activity = match &exit {
                 Exit::Rdmsr { .. } | Exit::Wrmsr { .. } => VmmActivity::MsrAccess,
@@ -459,15 +481,21 @@ impl<'a, P: Personality> Runner<'a, P> {
                 } => VmmActivity::Hypercall,
                 Exit::In { .. } | Exit::Out { .. } => VmmActivity::PortIo,
                 Exit::Kicked => VmmActivity::Kick,
-                Exit::Debug { .. } | Exit::Other(_) => VmmActivity::Other,
+                _ => VmmActivity::Other,
             };
             if self.activity == VmmActivity::MsrAccess && self.handler == MsrHandler::Vpmu {
                 msr_exit = Some(locks_at_exit);
             }
             match exit {
-                Exit::Debug { pc } if matches!(debug, GuestDebug::Breakpoint(at) if at == pc) => {
+                Exit::Debug { pc } if matches!(debug, GuestDebug::Breakpoints([Some(at), _]) if at == pc) =>
+                {
                     // The guest's #GP handler is about to run: a faulting RDPMC?
                     self.rdpmc_at_gp_handler()?;
+                }
+                Exit::Debug { pc } if matches!(debug, GuestDebug::Breakpoints([_, Some(at)]) if at == pc) =>
+                {
+                    // The guest's #PF handler is about to run: a SYSCALL left at CPL3?
+                    self.syscall_at_pf_handler()?;
                 }
                 Exit::Debug { pc } => {
                     result.steps += 1;
@@ -514,12 +542,28 @@ impl<'a, P: Personality> Runner<'a, P> {
                     }
                 }
                 Exit::Out { port, size, value } if self.devices.is_some() => {
-                    let devices = self.devices.as_mut().expect("checked");
-                    if let crate::boot::PortEffect::Exit(code) =
-                        devices.out(port, size, value, &mut result.console)
-                    {
-                        result.status = Some(code);
+                    if self.device_out(port, size, value, result)? {
                         return Ok(true);
+                    }
+                }
+                Exit::MmioRead { data, len } if self.devices.is_some() => {
+                    // Nothing is there: reads float high, as on an unclaimed bus.
+                    // SAFETY: `data` points at `len` (at most 8) bytes of the kvm_run page's
+                    // MMIO data area, alive while the vCPU fd lives.
+                    unsafe { std::ptr::write_bytes(data, 0xff, len.min(8)) };
+                }
+                Exit::MmioWrite if self.devices.is_some() => {}
+                Exit::Shutdown if self.devices.is_some() => {
+                    result.reset = Some("shutdown (triple fault)");
+                    return Ok(true);
+                }
+                Exit::InternalError => {
+                    if !self.complete_unemulated()? {
+                        return Err(MachineError::UnexpectedExit(format!(
+                            "KVM_EXIT_INTERNAL_ERROR at RIP {:#x} (CPL {})",
+                            self.sync.regs.rip,
+                            self.sync.sregs.cs.selector & 3
+                        )));
                     }
                 }
                 Exit::In { port, data, len } if self.devices.is_some() => {
@@ -588,6 +632,10 @@ impl<'a, P: Personality> Runner<'a, P> {
                     // deadline is re-armed either way).
                     armed = None;
                 }
+                Exit::MmioRead { .. } | Exit::MmioWrite => {
+                    return Err(MachineError::UnexpectedExit("MMIO outside RAM".into()));
+                }
+                Exit::Shutdown => return Err(MachineError::UnexpectedExit("shutdown".into())),
                 Exit::Other(what) => return Err(MachineError::UnexpectedExit(what)),
             }
             self.check_pmi()?;

@@ -13,6 +13,7 @@ use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 use super::PRIVILEGED_DOMAIN;
 use super::runner::Runner;
 use crate::error::Result;
+use crate::halt::EmulationCount;
 use crate::personality::Personality;
 
 impl<P: Personality> Runner<'_, P> {
@@ -27,7 +28,7 @@ impl<P: Personality> Runner<'_, P> {
     /// by the VMM's kick) executed nothing at all: what is left of it after the halted time is
     /// KVM's entry and exit, not the guest's, and feeds nothing (else a parked guest would
     /// collect samples at the instruction after its `hlt`).
-    pub(super) fn feed_cycles(&mut self, ran: Duration, on_cpu: Duration) {
+    pub(super) fn feed_cycles(&mut self, ran: Duration, on_cpu: Duration, entry: ExecMode) {
         let halted = self.halted_during_run(ran);
         // Only a run with halted time can end halted (one KVM_GET_MP_STATE then). KVM's halt
         // statistics also grow in runs of vCPUs that never execute `hlt` (under kvm_pvm:
@@ -46,6 +47,10 @@ impl<P: Personality> Runner<'_, P> {
         };
         self.halted_ns += (ran - unhalted).as_nanos();
         self.run_ns += unhalted.as_nanos();
+        if self.split.is_some() {
+            self.feed_split(unhalted.as_nanos(), entry);
+            return;
+        }
         let total = (self.run_ns * u128::from(self.tsc_khz) / 1_000_000) as u64;
         let cycles = total - self.fed_cycles;
         self.fed_cycles = total;
@@ -56,6 +61,29 @@ impl<P: Personality> Runner<'_, P> {
         let model = self.model();
         model.count(HwEvent::CoreCycles, cycles, mode);
         model.count(HwEvent::RefCycles, cycles, mode);
+    }
+
+    /// A host that emulates CPL0: the run's unhalted time, split between CPL0 and CPL3 by the
+    /// instructions KVM emulated in it (`CplSplit`), fed to each level's counters.
+    fn feed_split(&mut self, unhalted_ns: u128, entry: ExecMode) {
+        let exit = self.mode();
+        let tsc_khz = u128::from(self.tsc_khz);
+        let Some(split) = self.split.as_mut() else {
+            return;
+        };
+        let [user, kernel] = split.feed(unhalted_ns, entry.cpl, exit.cpl, tsc_khz);
+        let model = self.model();
+        let levels = [(kernel, 0u8), (user, 3u8)];
+        // The level the run ended in last: an overflow raised now is that context's.
+        let order = if exit.cpl == 3 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let (cycles, cpl) = levels[i];
+            if cycles > 0 {
+                let mode = ExecMode { cpl, host: false };
+                model.count(HwEvent::CoreCycles, cycles, mode);
+                model.count(HwEvent::RefCycles, cycles, mode);
+            }
+        }
     }
 
     /// How much of the last `KVM_RUN`, which lasted `ran`, the vCPU spent halted (KVM's
@@ -94,6 +122,86 @@ impl<P: Personality> Runner<'_, P> {
         let handled = self.check_pmi();
         self.state.hypervisor = None;
         handled
+    }
+}
+
+/// How a host that emulates the guest's CPL0 (and runs its CPL3 natively) splits a run's time
+/// between the levels. Charging a whole `KVM_RUN` to the CPL at its exit is wrong for a
+/// kernel: a run that ends at CPL3 may hold a timer interrupt's or a PMI's handler (emulated,
+/// milliseconds), and a run that ends in the kernel may hold a long stretch of user code.
+/// KVM counts the instructions it emulated (`insn_emulation`); a run's kernel time is that
+/// count times the time one emulated instruction takes, at most the run's time, and the rest
+/// is user time. The time per instruction is measured as the run goes: the total time over
+/// the total count of the runs that began and ended at CPL0 (kernel runs), seeded by the
+/// probe's loop (`quirks`) and kept over a window of recent kernel runs, so the estimate follows
+/// the kernel's instruction mix.
+#[derive(Debug)]
+pub(crate) struct CplSplit {
+    count: EmulationCount,
+    /// The calibration window: nanoseconds and instructions of recent kernel runs.
+    window_ns: u128,
+    window_insns: u128,
+    /// Nanoseconds charged so far to [CPL3, CPL0], and the cycles fed for them.
+    charged_ns: [u128; 2],
+    fed: [u64; 2],
+    /// `VPMU_TRACE_RUNS`: print each run's split on stderr.
+    trace: bool,
+}
+
+/// The calibration window is halved whenever it holds more instructions than this: recent
+/// kernel work decides.
+const WINDOW_INSNS: u128 = 1 << 20;
+
+impl CplSplit {
+    /// The split of `vcpu`'s runs, seeded with `ps_per_insn` picoseconds per emulated
+    /// instruction; None where KVM does not count emulated instructions.
+    pub(crate) fn new(vcpu: &kvm_ioctls::VcpuFd, ps_per_insn: u64) -> Option<Self> {
+        let count = EmulationCount::new(vcpu)?;
+        // A seed worth 4096 instructions: the run's own kernel runs soon outweigh it.
+        let seed = 4096u128;
+        Some(Self {
+            count,
+            window_ns: seed * u128::from(ps_per_insn.max(1)) / 1000,
+            window_insns: seed,
+            charged_ns: [0; 2],
+            fed: [0; 2],
+            trace: std::env::var_os("VPMU_TRACE_RUNS").is_some(),
+        })
+    }
+
+    /// A run of `unhalted_ns` from `entry` to `exit` CPL: the cycles to feed [CPL3, CPL0].
+    fn feed(&mut self, unhalted_ns: u128, entry: u8, exit: u8, tsc_khz: u128) -> [u64; 2] {
+        let insns = u128::from(self.count.since());
+        let [user, kernel] = self.split(unhalted_ns, insns, entry == 0 && exit == 0);
+        if self.trace {
+            eprintln!(
+                "vpmu-run entry={entry} exit={exit} ns={unhalted_ns} insns={insns} \
+                 kernel_ns={kernel} user_ns={user}"
+            );
+        }
+        self.charged_ns[0] += user;
+        self.charged_ns[1] += kernel;
+        std::array::from_fn(|i| {
+            let total = (self.charged_ns[i] * tsc_khz / 1_000_000) as u64;
+            let cycles = total - self.fed[i];
+            self.fed[i] = total;
+            cycles
+        })
+    }
+
+    /// [user, kernel] nanoseconds of a run of `ns` in which `insns` instructions were
+    /// emulated; a kernel run (`calibrates`) also updates the time per instruction.
+    fn split(&mut self, ns: u128, insns: u128, calibrates: bool) -> [u128; 2] {
+        if calibrates && insns > 0 {
+            self.window_ns += ns;
+            self.window_insns += insns;
+            if self.window_insns > WINDOW_INSNS {
+                self.window_ns /= 2;
+                self.window_insns /= 2;
+            }
+        }
+        let kernel = (insns * self.window_ns / self.window_insns.max(1)).min(ns);
+        [ns - kernel, kernel]
     }
 }
 
