@@ -228,7 +228,25 @@ fn linux_command(args: &BootArgs, kernel: &[u8]) -> ExitCode {
          stepped over)",
         c.syscalls, c.int3, c.fwait, c.page_faults_passed
     );
+    if !run.result.uncountable_events.is_empty() {
+        let events: Vec<String> = run
+            .result
+            .uncountable_events
+            .iter()
+            .map(|e| format!("{e:#05x}"))
+            .collect();
+        eprintln!(
+            "vpmu boot: the guest enabled AMD events the {} source cannot count (they count 0; \
+             AMD has no CPUID vector to mark them unavailable): {}",
+            source_name(args.source.unwrap_or(SourceArg::Timed)),
+            events.join(", ")
+        );
+    }
     boot_outcome(shape, &run.result, "single steps")
+}
+
+fn source_name(s: SourceArg) -> &'static str {
+    vpmu_machine::personality::Source::from(s).name()
 }
 
 /// The end of a boot run as the exit status, with a line on stderr.

@@ -58,6 +58,13 @@ pub trait Personality {
     fn model(&self) -> Self::Model;
     /// Whether any counter of `model` is enabled (the VMM single-steps only then).
     fn counting(&self, model: &Self::Model) -> bool;
+    /// The event a write of `value` to PMU MSR `msr` enables that this personality's source
+    /// never counts and that the guest was not told of: AMD's event select (it has no CPUID to
+    /// say an event is unavailable). None for anything else (Intel's leaf 0xA says so).
+    fn uncountable_event(&self, msr: u32, value: u64) -> Option<u16> {
+        let _ = (msr, value);
+        None
+    }
     /// Edits the host's supported CPUID into this personality's.
     fn cpuid(&self, cpuid: &mut CpuId);
 }
@@ -327,6 +334,23 @@ impl Personality for Amd {
         }
     }
 
+    fn uncountable_event(&self, msr: u32, value: u64) -> Option<u16> {
+        const EN: u64 = 1 << 22;
+        let legacy = (0xc001_0000..=0xc001_0003).contains(&msr);
+        let core = (0xc001_0200..0xc001_0200 + 2 * 6).contains(&msr) && msr % 2 == 0;
+        if !(legacy || core) || value & EN == 0 {
+            return None;
+        }
+        let event = (value & 0xff) | (value >> 24 & 0xf00);
+        // What each source feeds the model (`vpmu_models::amd`): core cycles; the precise
+        // source also instructions and branches.
+        let counted: &[u64] = match self.source {
+            Source::Timed => &[0x076],
+            Source::Precise => &[0x076, 0x0c0, 0x0c2],
+        };
+        (!counted.contains(&event)).then_some(event as u16)
+    }
+
     fn cpuid(&self, cpuid: &mut CpuId) {
         let (b, d, c) = vendor_words(b"AuthenticAMD");
         edit_leaf(cpuid, 0, |e| (e.ebx, e.ecx, e.edx) = (b, c, d));
@@ -488,6 +512,43 @@ mod tests {
                 "{named:?}"
             );
         }
+    }
+
+    #[test]
+    fn amd_names_the_events_its_source_never_counts() {
+        let timed = Amd::perfmon_v2(Source::Timed);
+        let en = 1u64 << 22;
+        assert_eq!(
+            timed.uncountable_event(0xc001_0200, en | 0x76),
+            None,
+            "cycles count"
+        );
+        assert_eq!(timed.uncountable_event(0xc001_0202, en | 0xc0), Some(0xc0));
+        assert_eq!(
+            timed.uncountable_event(0xc001_0000, en | 0xc2),
+            Some(0xc2),
+            "K7 alias"
+        );
+        assert_eq!(
+            timed.uncountable_event(0xc001_0202, 0xc0),
+            None,
+            "not enabled"
+        );
+        assert_eq!(
+            timed.uncountable_event(0xc001_0201, en | 0xc0),
+            None,
+            "a counter"
+        );
+        assert_eq!(
+            timed.uncountable_event(0xc001_0200, en | 1 << 32 | 0x76),
+            Some(0x176)
+        );
+        let precise = Amd::k7(Source::Precise);
+        assert_eq!(precise.uncountable_event(0xc001_0000, en | 0xc0), None);
+        assert_eq!(
+            Intel::v5(Source::Timed).uncountable_event(0x186, en | 0xc0),
+            None
+        );
     }
 
     #[test]

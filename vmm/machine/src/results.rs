@@ -60,6 +60,10 @@ pub struct RunResult {
     pub reset: Option<&'static str>,
     /// The host-quirk completions the VMM performed (`quirks`).
     pub completions: crate::Completions,
+    /// AMD event selects the guest enabled that the source never counts (they read 0; AMD
+    /// has no CPUID to tell the guest), in the order first seen
+    /// (`Personality::uncountable_event`).
+    pub uncountable_events: Vec<u16>,
 }
 
 /// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the

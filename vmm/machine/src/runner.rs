@@ -536,6 +536,14 @@ impl<'a, P: Personality> Runner<'a, P> {
                     let t = Instant::now();
                     let ok = self.wrmsr(index, value);
                     self.account(result, t);
+                    if let Some(event) = ok
+                        .then(|| self.personality.uncountable_event(index, value))
+                        .flatten()
+                    {
+                        if !result.uncountable_events.contains(&event) {
+                            result.uncountable_events.push(event);
+                        }
+                    }
                     if !ok {
                         // SAFETY: as for reads.
                         unsafe { *error = 1 };

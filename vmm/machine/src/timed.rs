@@ -131,16 +131,24 @@ impl<P: Personality> Runner<'_, P> {
 /// milliseconds), and a run that ends in the kernel may hold a long stretch of user code.
 /// KVM counts the instructions it emulated (`insn_emulation`); a run's kernel time is that
 /// count times the time one emulated instruction takes, at most the run's time, and the rest
-/// is user time. The time per instruction is measured as the run goes: the total time over
-/// the total count of the runs that began and ended at CPL0 (kernel runs), seeded by the
-/// probe's loop (`quirks`) and kept over a window of recent kernel runs, so the estimate follows
-/// the kernel's instruction mix.
+/// is user time.
+///
+/// The time per instruction is measured as the run goes: the median of the ratio time /
+/// instructions over the last [`RATIOS`] runs that began and ended at CPL0 with at least
+/// [`MIN_CALIBRATION_INSNS`] instructions (their fixed entry and exit cost is then a few per
+/// cent), seeded by the probe's loop (`quirks`). A median, not a sum: a kernel run that held
+/// user code in the middle (the kernel returned to user space and came back without an exit)
+/// has a far higher ratio, and a sum would charge that user time to every later kernel
+/// instruction (measured on Linux 6.1: kernel runs 0.9–1.2 µs per instruction, the mixed ones
+/// up to 5 µs).
 #[derive(Debug)]
 pub(crate) struct CplSplit {
     count: EmulationCount,
-    /// The calibration window: nanoseconds and instructions of recent kernel runs.
-    window_ns: u128,
-    window_insns: u128,
+    /// The most recent kernel runs' nanoseconds per instruction (in thousandths), a ring.
+    ratios: [u64; RATIOS],
+    next: usize,
+    /// The current estimate: their median, picoseconds per instruction.
+    ps_per_insn: u64,
     /// Nanoseconds charged so far to [CPL3, CPL0], and the cycles fed for them.
     charged_ns: [u128; 2],
     fed: [u64; 2],
@@ -148,21 +156,22 @@ pub(crate) struct CplSplit {
     trace: bool,
 }
 
-/// The calibration window is halved whenever it holds more instructions than this: recent
-/// kernel work decides.
-const WINDOW_INSNS: u128 = 1 << 20;
+/// Kernel runs the estimate is the median of.
+const RATIOS: usize = 31;
+/// A kernel run with fewer emulated instructions does not calibrate.
+const MIN_CALIBRATION_INSNS: u64 = 1000;
 
 impl CplSplit {
     /// The split of `vcpu`'s runs, seeded with `ps_per_insn` picoseconds per emulated
     /// instruction; None where KVM does not count emulated instructions.
     pub(crate) fn new(vcpu: &kvm_ioctls::VcpuFd, ps_per_insn: u64) -> Option<Self> {
         let count = EmulationCount::new(vcpu)?;
-        // A seed worth 4096 instructions: the run's own kernel runs soon outweigh it.
-        let seed = 4096u128;
+        let ps_per_insn = ps_per_insn.max(1);
         Some(Self {
             count,
-            window_ns: seed * u128::from(ps_per_insn.max(1)) / 1000,
-            window_insns: seed,
+            ratios: [ps_per_insn; RATIOS],
+            next: 0,
+            ps_per_insn,
             charged_ns: [0; 2],
             fed: [0; 2],
             trace: std::env::var_os("VPMU_TRACE_RUNS").is_some(),
@@ -171,12 +180,13 @@ impl CplSplit {
 
     /// A run of `unhalted_ns` from `entry` to `exit` CPL: the cycles to feed [CPL3, CPL0].
     fn feed(&mut self, unhalted_ns: u128, entry: u8, exit: u8, tsc_khz: u128) -> [u64; 2] {
-        let insns = u128::from(self.count.since());
+        let insns = self.count.since();
         let [user, kernel] = self.split(unhalted_ns, insns, entry == 0 && exit == 0);
         if self.trace {
             eprintln!(
                 "vpmu-run entry={entry} exit={exit} ns={unhalted_ns} insns={insns} \
-                 kernel_ns={kernel} user_ns={user}"
+                 kernel_ns={kernel} user_ns={user} ps_per_insn={}",
+                self.ps_per_insn
             );
         }
         self.charged_ns[0] += user;
@@ -191,16 +201,16 @@ impl CplSplit {
 
     /// [user, kernel] nanoseconds of a run of `ns` in which `insns` instructions were
     /// emulated; a kernel run (`calibrates`) also updates the time per instruction.
-    fn split(&mut self, ns: u128, insns: u128, calibrates: bool) -> [u128; 2] {
-        if calibrates && insns > 0 {
-            self.window_ns += ns;
-            self.window_insns += insns;
-            if self.window_insns > WINDOW_INSNS {
-                self.window_ns /= 2;
-                self.window_insns /= 2;
-            }
+    fn split(&mut self, ns: u128, insns: u64, calibrates: bool) -> [u128; 2] {
+        if calibrates && insns >= MIN_CALIBRATION_INSNS {
+            let ps = (ns * 1000 / u128::from(insns)).min(u128::from(u64::MAX)) as u64;
+            self.ratios[self.next] = ps;
+            self.next = (self.next + 1) % RATIOS;
+            let mut sorted = self.ratios;
+            let (_, median, _) = sorted.select_nth_unstable(RATIOS / 2);
+            self.ps_per_insn = *median;
         }
-        let kernel = (insns * self.window_ns / self.window_insns.max(1)).min(ns);
+        let kernel = (u128::from(insns) * u128::from(self.ps_per_insn) / 1000).min(ns);
         [ns - kernel, kernel]
     }
 }
@@ -216,6 +226,37 @@ mod tests {
         cpl: 0,
         host: false,
     };
+
+    /// A fake count: the split's arithmetic does not read it.
+    fn split_with(ps: u64) -> Option<CplSplit> {
+        let kvm = crate::kvm::usable().ok()?;
+        let vm = kvm.create_vm().ok()?;
+        let vcpu = vm.create_vcpu(0).ok()?;
+        CplSplit::new(&vcpu, ps)
+    }
+
+    #[test]
+    fn kernel_time_is_instructions_times_the_median_kernel_rate() {
+        let Some(mut s) = split_with(1_000_000) else {
+            println!("SKIPPED: no KVM emulation statistics here (split test)");
+            eprintln!("SKIPPED: no KVM emulation statistics here (split test)");
+            return;
+        };
+        // Seeded at 1 µs per instruction: a run of 10 ms with 2000 instructions is 2 ms kernel.
+        assert_eq!(s.split(10_000_000, 2000, false), [8_000_000, 2_000_000]);
+        // Never more kernel than the run.
+        assert_eq!(s.split(1_000_000, 5000, false), [0, 1_000_000]);
+        // Kernel runs at 1.2 µs move the median once they are the majority; a mixed run
+        // (5 µs per instruction) among them does not.
+        for i in 0..RATIOS {
+            let ns = if i == 3 { 5_000 * 2000 } else { 1_200 * 2000 };
+            s.split(ns, 2000, true);
+        }
+        assert_eq!(s.ps_per_insn, 1_200_000);
+        // Small kernel runs do not calibrate.
+        s.split(1_000_000_000, 10, true);
+        assert_eq!(s.ps_per_insn, 1_200_000);
+    }
 
     #[test]
     pub(super) fn bisection_finds_the_exact_overflow_point() {
