@@ -171,7 +171,7 @@ else
     # shellcheck disable=SC2086
     gcc $cflags -o "$out/perftest" "$here/perftest.c" -lm
     rm -rf "$base_root"
-    mkdir -p "$base_root"/{bin,dev,proc,sys,tmp,root,usr/bin}
+    mkdir -p "$base_root"/{bin,dev,etc,proc,sys,tmp,root,usr/bin}
     chmod 1777 "$base_root/tmp"
     cp "$busybox" "$base_root/bin/busybox"
     for a in $applets; do ln -s busybox "$base_root/bin/$a"; done
