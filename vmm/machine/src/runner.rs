@@ -422,7 +422,14 @@ impl<'a, P: Personality> Runner<'a, P> {
             let step = precise && counting;
             // Round the overflow deadline up: the kick must not land before the overflow.
             let overflow = until_pmi.map(|cycles| {
-                let ns = (u128::from(cycles) * 1_000_000).div_ceil(u128::from(self.tsc_khz));
+                let mut ns = (u128::from(cycles) * 1_000_000).div_ceil(u128::from(self.tsc_khz));
+                if split {
+                    // The deadline assumes the nearer level's counter gets all the time; a
+                    // vCPU that stays at the other level would be kicked at once, again and
+                    // again, and never run (a user-only counter just short of its overflow
+                    // while the kernel runs).
+                    ns = ns.max(crate::timed::MIN_SPLIT_KICK_NS);
+                }
                 Instant::now() + Duration::from_nanos(ns.min(u128::from(u64::MAX)) as u64)
             });
             let watchdog = start + timeout;

@@ -156,6 +156,14 @@ pub(crate) struct CplSplit {
     trace: bool,
 }
 
+/// How far a kernel run may exceed its instructions' estimated time and still be all kernel
+/// (nanoseconds; a timer tick is 10 ms at the guest kernel's HZ=100).
+const KERNEL_RUN_SLACK: u128 = 1_000_000;
+
+/// The soonest a kick is armed for an overflow while runs are split (nanoseconds): at most
+/// this late past the overflow a PMI is raised.
+pub(crate) const MIN_SPLIT_KICK_NS: u128 = 50_000;
+
 /// Kernel runs the estimate is the median of.
 const RATIOS: usize = 31;
 /// A kernel run with fewer emulated instructions does not calibrate.
@@ -210,7 +218,17 @@ impl CplSplit {
             let (_, median, _) = sorted.select_nth_unstable(RATIOS / 2);
             self.ps_per_insn = *median;
         }
-        let kernel = (u128::from(insns) * u128::from(self.ps_per_insn) / 1000).min(ns);
+        let estimate = u128::from(insns) * u128::from(self.ps_per_insn) / 1000;
+        // A run that began and ended in the kernel held user code only if the kernel returned
+        // to user space and an interrupt brought it back (syscalls and page faults from user
+        // space end a run here: `quirks`); a user stretch is then milliseconds long (up to a
+        // timer tick). Less than [`KERNEL_RUN_SLACK`] over the estimate is the estimate's
+        // error and the run's entry and exit, not user time: a PMI handler's runs between
+        // its MSR exits must not count user cycles.
+        if calibrates && ns.saturating_sub(estimate) < KERNEL_RUN_SLACK {
+            return [0, ns];
+        }
+        let kernel = estimate.min(ns);
         [ns - kernel, kernel]
     }
 }
@@ -246,6 +264,9 @@ mod tests {
         assert_eq!(s.split(10_000_000, 2000, false), [8_000_000, 2_000_000]);
         // Never more kernel than the run.
         assert_eq!(s.split(1_000_000, 5000, false), [0, 1_000_000]);
+        // A kernel run a little over its estimate is all kernel; far over, the rest is user.
+        assert_eq!(s.split(400_000, 100, true), [0, 400_000]);
+        assert_eq!(s.split(5_100_000, 100, true), [5_000_000, 100_000]);
         // Kernel runs at 1.2 µs move the median once they are the majority; a mixed run
         // (5 µs per instruction) among them does not.
         for i in 0..RATIOS {
