@@ -112,20 +112,28 @@ impl<P: Personality> Runner<'_, P> {
         }
         // The register part of SYSCALL happened (RCX, R11, RFLAGS masked by FMASK, RIP): the
         // frame holds the user RSP and the masked RFLAGS. What is left is the privilege
-        // change.
+        // change, and the #PF's delivery made it already: the vCPU is at the handler at CPL0
+        // on the kernel's code segment. So the kernel is resumed at LSTAR from here, with the
+        // user RSP and RFLAGS, as SYSCALL would have entered it. (Changing the privilege level
+        // with KVM_SET_SREGS instead, from a user context, let the next CPL0 fetch of LSTAR
+        // fault now and then on this host: a #PF pushed on the user stack, a double fault in
+        // a forked child whose stack is copy-on-write.)
         let cs = ((star >> 32) & 0xfffc) as u16;
         self.sync.regs.rip = lstar;
         self.sync.regs.rsp = frame.rsp;
         self.sync.regs.rflags = frame.rflags & !RFLAGS_RF;
         self.write_back_regs();
-        let mut sregs = self.sync.sregs;
-        sregs.cs = kernel_segment(cs, true);
-        sregs.ss = kernel_segment(cs + 8, false);
-        self.vcpu
-            .fd
-            .set_sregs(&sregs)
-            .map_err(MachineError::kvm("KVM_SET_SREGS"))?;
-        self.sync.sregs = sregs;
+        if self.sync.sregs.cs.selector & 0xfffc != cs {
+            // A kernel whose #PF gate uses another code segment than SYSCALL's: load SYSCALL's.
+            let mut sregs = self.sync.sregs;
+            sregs.cs = kernel_segment(cs, true);
+            sregs.ss = kernel_segment(cs + 8, false);
+            self.vcpu
+                .fd
+                .set_sregs(&sregs)
+                .map_err(MachineError::kvm("KVM_SET_SREGS"))?;
+            self.sync.sregs = sregs;
+        }
         self.completions.syscalls += 1;
         Ok(true)
     }

@@ -9,10 +9,12 @@
 //!    (RCX, R11, RFLAGS masked, RIP = LSTAR) but keeps the user CS/SS, so the fetch of the
 //!    kernel's entry page faults: the guest takes #PF (error 0x15) at `entry_SYSCALL_64` and
 //!    init dies. Completion: a hardware breakpoint (DR1) on the guest's #PF handler; at a
-//!    #PF whose frame shows RIP = LSTAR from CPL3, the VMM finishes the SYSCALL (RIP = LSTAR,
-//!    the user RSP and the masked RFLAGS from the frame, CS = STAR[47:32] and SS = CS + 8 as
-//!    the CPL0 segments), abandoning the #PF frame; any other #PF runs after one single step
-//!    over the breakpoint. The return (SYSRET, IRET) works.
+//!    #PF whose frame shows RIP = LSTAR from CPL3, the VMM finishes the SYSCALL: the #PF's
+//!    delivery already brought the vCPU to CPL0 on the kernel's code segment, so it resumes
+//!    at LSTAR with the user RSP and the masked RFLAGS from the frame, abandoning the #PF
+//!    frame (CS = STAR[47:32] and SS = CS + 8 are loaded only if the #PF gate's segment
+//!    differs); any other #PF runs after one single step over the breakpoint. The return
+//!    (SYSRET, IRET) works.
 //! 2. **INT3 and FWAIT at CPL0** end the run with `KVM_EXIT_INTERNAL_ERROR` (dmesg:
 //!    "kvm-pvm: INTERNAL_ERROR in batch emul"). Linux runs INT3 in `int3_selftest` and FWAIT
 //!    in `fpu__drop`. Completion, at that exit with the byte at RIP read through the guest's
