@@ -141,7 +141,9 @@ struct Run {
     code: Option<i32>,
 }
 
-fn boot(pmu: &str, initrd: &str, run: &str) -> Option<Run> {
+/// Boots the project's kernel on `pmu` with `initrd` (`mem` MiB), running `/init`'s steps
+/// `run`.
+fn boot(pmu: &str, initrd: &str, mem: u32, run: &str) -> Option<Run> {
     let dir = artifacts();
     let kernel = dir.join("vmlinux");
     let initrd = dir.join(initrd);
@@ -160,14 +162,24 @@ fn boot(pmu: &str, initrd: &str, run: &str) -> Option<Run> {
     }
     let start = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
-        .args(["boot", "--pmu", pmu, "--timeout", "900", "--initrd"])
+        .args([
+            "boot",
+            "--pmu",
+            pmu,
+            "--timeout",
+            "900",
+            "--mem",
+            &mem.to_string(),
+        ])
+        .arg("--initrd")
         .arg(&initrd)
         .arg("--append")
         .arg(format!("{} vpmu.run={run}", cmdline()))
         .arg(&kernel)
         .output()
         .expect("run the vpmu binary");
-    let console = String::from_utf8_lossy(&out.stdout).into_owned();
+    // The guest's tty turns each newline into CR LF.
+    let console = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if out.status.code() == Some(SKIP) && stderr.contains("/dev/kvm is not available") {
         skip(pmu, stderr.trim());
@@ -206,26 +218,88 @@ fn check_kernel_log(pmu: &str, r: &Run) {
     }
 }
 
+/// The last `n` lines of the console, for a failure's message.
+fn tail(console: &str, n: usize) -> String {
+    let lines: Vec<&str> = console.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 fn check_exit(pmu: &str, r: &Run) {
-    assert_eq!(
+    assert!(
+        r.code == Some(0) && r.stderr.contains("exited with code 0"),
+        "{pmu}: the guest's run did not end with isa-debug-exit code 0 (status {:?}):\n{}\n{}",
         r.code,
-        Some(0),
-        "{pmu}: the guest's run did not end with code 0:\n{}\n{}",
-        r.console,
+        tail(&r.console, 60),
         r.stderr
     );
-    assert!(
-        r.stderr.contains("exited with code 0"),
-        "{pmu}: {}",
-        r.stderr
+}
+
+/// The `[ seconds]` stamp of the kernel line containing `what`.
+fn stamp(console: &str, what: &str) -> Option<f64> {
+    let line = console.lines().find(|l| l.contains(what))?;
+    line.strip_prefix('[')?
+        .split(']')
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A number in the VMM's closing line (`..., N PMU MSR exits, M PMIs`).
+fn closing(stderr: &str, unit: &str) -> Option<f64> {
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.contains(" PMU MSR exits"))?;
+    let before = line.split(unit).next()?;
+    before
+        .rsplit([' ', ','])
+        .find(|w| !w.is_empty())?
+        .parse()
+        .ok()
+}
+
+/// One row of the measurement table in vmm/README.md ("Linux guests"): boot to `/init`
+/// (guest clock), the whole run, PMU MSR exits per second and per PMI, and the cost of one
+/// PMI round trip (the sampling step's wall time over its work's own time, per sample).
+fn measurements(pmu: &str, r: &Run, wall: f64, sample: Option<&HashMap<&str, &str>>) {
+    let init = stamp(&r.console, "Run /init as init process").unwrap_or(f64::NAN);
+    let took = r
+        .stderr
+        .lines()
+        .rev()
+        .find_map(|l| {
+            l.split(" after ")
+                .nth(1)?
+                .split(" s,")
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(wall);
+    let exits = closing(&r.stderr, " PMU MSR exits").unwrap_or(f64::NAN);
+    let pmis = closing(&r.stderr, " PMIs").unwrap_or(f64::NAN);
+    // Per sample: the sampled run's wall time less the same work's time uncounted (its
+    // iterations at the natively calibrated ticks per iteration), in TSC ticks per ms.
+    let per_pmi_ms = sample.map_or(f64::NAN, |f| {
+        let work = number(f, "iterations") * number(f, "tsc_per_iter");
+        (number(f, "wall_tsc") - work) / number(f, "samples").max(1.0) / number(f, "tsc_khz")
+    });
+    println!(
+        "MEASURED {pmu}: boot to /init {init:.1} s (guest clock); run {took:.1} s; {exits} PMU \
+         MSR exits ({:.0}/s, {:.1} per PMI over {pmis} PMIs); PMI round trip {per_pmi_ms:.2} ms",
+        exits / took,
+        exits / pmis.max(1.0)
     );
 }
 
 /// The static tool: counting and sampling.
 fn static_tool(pmu: &str) {
-    let Some(r) = boot(pmu, "initramfs.cpio", "count,sample") else {
+    let start = Instant::now();
+    let Some(r) = boot(pmu, "initramfs.cpio", 128, "count,sample") else {
         return;
     };
+    let wall = start.elapsed().as_secs_f64();
     check_exit(pmu, &r);
     check_kernel_log(pmu, &r);
     let intel = pmu.starts_with("intel");
@@ -283,13 +357,18 @@ fn static_tool(pmu: &str) {
         "{pmu}: shares {a} / {b}, built {HOT_A} / {HOT_B}: {sample:?}"
     );
     assert_eq!(number(&sample, "lost"), 0.0, "{pmu}: {sample:?}");
+    measurements(pmu, &r, wall, Some(&sample));
 }
 
-/// Debian's perf: `perf stat` and `perf record` + `perf report`.
-fn debian_perf(pmu: &str) {
-    let Some(r) = boot(pmu, "initramfs-perf.cpio", "perf") else {
+/// A real perf in the guest (`initrd`: Debian's perf and its libraries, or perf built static
+/// from the same source): `perf stat` and `perf record` + `perf report`.
+fn perf_in_guest(pmu: &str, initrd: &str) {
+    let start = Instant::now();
+    // The 36 MB archive and what it unpacks to need more than the default 128 MiB.
+    let Some(r) = boot(pmu, initrd, 256, "perf") else {
         return;
     };
+    let wall = start.elapsed().as_secs_f64();
     check_exit(pmu, &r);
     check_kernel_log(pmu, &r);
     let calibration = results(&r.console, &[])
@@ -297,7 +376,8 @@ fn debian_perf(pmu: &str) {
         .find(|f| f.contains_key("tsc_per_iter") && f.contains_key("iterations"))
         .unwrap_or_else(|| panic!("{pmu}: no calibration:\n{}", r.console));
     let reference = number(&calibration, "iterations") * number(&calibration, "tsc_per_iter");
-    let stat = section(&r.console, "perf-stat").expect("perf stat output");
+    let stat = section(&r.console, "perf-stat")
+        .unwrap_or_else(|| panic!("{pmu}: no perf stat output:\n{}", tail(&r.console, 80)));
     // perf stat -x, : value,unit,event,...
     let cycles_u: f64 = stat
         .lines()
@@ -313,7 +393,8 @@ fn debian_perf(pmu: &str) {
         (ratio - 1.0).abs() <= CYCLES_TOLERANCE,
         "{pmu}: perf stat cycles:u {cycles_u} vs {reference}:\n{stat}"
     );
-    let report = section(&r.console, "perf-report").expect("perf report output");
+    let report = section(&r.console, "perf-report")
+        .unwrap_or_else(|| panic!("{pmu}: no perf report output:\n{}", tail(&r.console, 80)));
     let share = |symbol: &str| -> f64 {
         report
             .lines()
@@ -333,6 +414,7 @@ fn debian_perf(pmu: &str) {
         (a - HOT_A).abs() <= SHARE_POINTS && (b - HOT_B).abs() <= SHARE_POINTS,
         "{pmu}: perf report shares {a} / {b}:\n{report}"
     );
+    measurements(&format!("{pmu} ({initrd})"), &r, wall, None);
 }
 
 #[test]
@@ -362,13 +444,31 @@ fn linux_perf_event_open_amd_k7() {
 #[test]
 #[ignore = "minutes: cargo test --release -p vpmu-cli --test linux -- --ignored"]
 fn linux_debian_perf_intel_v5() {
-    debian_perf("intel-v5");
+    perf_in_guest("intel-v5", "initramfs-perf.cpio");
 }
 
 #[test]
 #[ignore = "minutes: cargo test --release -p vpmu-cli --test linux -- --ignored"]
 fn linux_debian_perf_amd_perfmonv2() {
-    debian_perf("amd-perfmonv2");
+    perf_in_guest("amd-perfmonv2", "initramfs-perf.cpio");
+}
+
+#[test]
+#[ignore = "minutes: cargo test --release -p vpmu-cli --test linux -- --ignored"]
+fn linux_static_perf_amd_k7() {
+    perf_in_guest("amd-k7", "initramfs-perf-static.cpio");
+}
+
+#[test]
+fn the_vmms_closing_line_and_kernel_stamps_parse() {
+    let stderr = "vpmu boot: intel-v5 exited with code 0 (status 0) after 43.5 s, 455 single \
+                  steps, 6998 PMU MSR exits, 1153 PMIs";
+    assert_eq!(closing(stderr, " PMU MSR exits"), Some(6998.0));
+    assert_eq!(closing(stderr, " PMIs"), Some(1153.0));
+    assert_eq!(
+        stamp("[   24.802783] Run /init as init process\n", "Run /init"),
+        Some(24.802783)
+    );
 }
 
 #[test]
