@@ -12,7 +12,7 @@
 //!    #PF whose frame shows RIP = LSTAR from CPL3, the VMM finishes the SYSCALL: the #PF's
 //!    delivery already brought the vCPU to CPL0 on the kernel's code segment, so it resumes
 //!    at LSTAR with the user RSP and the masked RFLAGS from the frame, abandoning the #PF
-//!    frame (CS = STAR[47:32] and SS = CS + 8 are loaded only if the #PF gate's segment
+//!    frame (CS = STAR bits 47:32 and SS = CS + 8 are loaded only if the #PF gate's segment
 //!    differs); any other #PF runs after one single step over the breakpoint. The return
 //!    (SYSRET, IRET) works.
 //! 2. **INT3 and FWAIT at CPL0** end the run with `KVM_EXIT_INTERNAL_ERROR` (dmesg:
