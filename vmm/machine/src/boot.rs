@@ -26,7 +26,7 @@ use vpmu_models::shapes::Shape;
 
 use crate::error::{MachineError, Result};
 use crate::kvm::GuestMem;
-use crate::personality::{Amd, Intel, Personality, Source};
+use crate::personality::{Personality, Source, with_personality};
 use crate::{Machine, RunResult};
 
 /// EAX at the entry of a multiboot image.
@@ -151,20 +151,11 @@ pub fn run(
     timeout: Duration,
 ) -> Result<RunResult> {
     let cpuid = crate::kvm::supported_cpuid(kvm)?;
-    let result = match shape {
-        Shape::IntelV5 => Machine::boot(kvm, Intel::v5(source), &cpuid, image, options)?
-            .run(timeout)
-            .pop(),
-        Shape::IntelV2 => Machine::boot(kvm, Intel::v2(source), &cpuid, image, options)?
-            .run(timeout)
-            .pop(),
-        Shape::AmdPerfMonV2 => Machine::boot(kvm, Amd::perfmon_v2(source), &cpuid, image, options)?
-            .run(timeout)
-            .pop(),
-        Shape::AmdK7 => Machine::boot(kvm, Amd::k7(source), &cpuid, image, options)?
-            .run(timeout)
-            .pop(),
-    };
+    let result = with_personality!(shape, source, |p| Machine::boot(
+        kvm, p, &cpuid, image, options
+    )?
+    .run(timeout)
+    .pop());
     Ok(result.unwrap_or_default())
 }
 
@@ -388,6 +379,43 @@ impl PcDevices {
 }
 
 impl<P: Personality> crate::runner::Runner<'_, P> {
+    /// An exit in boot mode that the PC devices take: `Some(true)` if it ended the run,
+    /// `Some(false)` if it was handled, None if it is not theirs (the machine's own handling
+    /// applies).
+    pub(crate) fn device_exit(
+        &mut self,
+        exit: &crate::exit::Exit,
+        result: &mut RunResult,
+    ) -> Result<Option<bool>> {
+        use crate::exit::Exit;
+        let Some(devices) = self.devices.as_mut() else {
+            return Ok(None);
+        };
+        match *exit {
+            Exit::Out { port, size, value } => self.device_out(port, size, value, result).map(Some),
+            Exit::In { port, data, len } => {
+                let bytes = devices.input(port, len).to_le_bytes();
+                // SAFETY: `data` points at `len` bytes of the kvm_run page (the I/O data area
+                // KVM named in the exit), alive while the vCPU fd lives.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, len.min(4)) };
+                Ok(Some(false))
+            }
+            Exit::MmioRead { data, len } => {
+                // Nothing is there: reads float high, as on an unclaimed bus.
+                // SAFETY: `data` points at `len` (at most 8) bytes of the kvm_run page's MMIO
+                // data area, alive while the vCPU fd lives.
+                unsafe { std::ptr::write_bytes(data, 0xff, len.min(8)) };
+                Ok(Some(false))
+            }
+            Exit::MmioWrite => Ok(Some(false)),
+            Exit::Shutdown => {
+                result.reset = Some("shutdown (triple fault)");
+                Ok(Some(true))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// A port write in boot mode, to the PC devices; true if it ended the run (isa-debug-exit,
     /// the keyboard controller's reset).
     pub(crate) fn device_out(

@@ -1,10 +1,11 @@
 //! The VMM's completions of what this host does not do for a kernel (`quirks`: what they are,
 //! the evidence, and how each is detected). Each engages only where its probe found the quirk.
 
-use kvm_bindings::{Msrs, kvm_msr_entry, kvm_segment};
+use kvm_bindings::{Msrs, kvm_msr_entry};
 
 use super::runner::Runner;
 use crate::error::{MachineError, Result};
+use crate::kvm::flat_segment;
 use crate::personality::Personality;
 use crate::platform::paging_of;
 use crate::quirks::{BP_VECTOR, FWAIT, INT3, MF_VECTOR};
@@ -31,23 +32,6 @@ pub struct Completions {
     pub int3: u64,
     /// FWAITs skipped (or turned into #MF).
     pub fwait: u64,
-}
-
-/// The 64-bit code segment (`long`) or the data segment at `selector`, DPL0, flat.
-fn kernel_segment(selector: u16, long: bool) -> kvm_segment {
-    kvm_segment {
-        base: 0,
-        limit: 0xffff_ffff,
-        selector,
-        type_: if long { 0xb } else { 0x3 },
-        present: 1,
-        dpl: 0,
-        db: u8::from(!long),
-        s: 1,
-        l: u8::from(long),
-        g: 1,
-        ..Default::default()
-    }
 }
 
 impl<P: Personality> Runner<'_, P> {
@@ -126,8 +110,8 @@ impl<P: Personality> Runner<'_, P> {
         if self.sync.sregs.cs.selector & 0xfffc != cs {
             // A kernel whose #PF gate uses another code segment than SYSCALL's: load SYSCALL's.
             let mut sregs = self.sync.sregs;
-            sregs.cs = kernel_segment(cs, true);
-            sregs.ss = kernel_segment(cs + 8, false);
+            sregs.cs = flat_segment(cs, 0xb, true, 0);
+            sregs.ss = flat_segment(cs + 8, 0x3, false, 0);
             self.vcpu
                 .fd
                 .set_sregs(&sregs)
@@ -158,24 +142,5 @@ impl<P: Personality> Runner<'_, P> {
         }
         let got = msrs.as_slice();
         Ok(std::array::from_fn(|i| got[i].data))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernel_segments_are_flat_dpl0() {
-        let cs = kernel_segment(0x10, true);
-        assert_eq!(
-            (cs.selector, cs.type_, cs.l, cs.db, cs.dpl),
-            (0x10, 0xb, 1, 0, 0)
-        );
-        let ss = kernel_segment(0x18, false);
-        assert_eq!(
-            (ss.selector, ss.type_, ss.l, ss.db, ss.dpl),
-            (0x18, 0x3, 0, 1, 0)
-        );
     }
 }

@@ -20,7 +20,7 @@ const AGAIN_BACKOFF: Duration = Duration::from_micros(20);
 
 /// An exit, copied out of `kvm_run` so that the vCPU is free again; replies go through the
 /// raw pointers into the `kvm_run` page (valid while the vCPU fd lives).
-pub(super) enum Exit {
+pub(crate) enum Exit {
     Rdmsr {
         index: u32,
         data: *mut u64,

@@ -417,13 +417,19 @@ impl Vcpu {
 }
 
 fn segment(selector: u16, type_: u8, long: bool) -> kvm_segment {
+    flat_segment(selector, type_, long, 0)
+}
+
+/// A flat (base 0, 4 GiB) code (`type_` 0xb) or data (0x3) segment at privilege `dpl`; a
+/// 64-bit code segment if `long`.
+pub(crate) fn flat_segment(selector: u16, type_: u8, long: bool, dpl: u8) -> kvm_segment {
     kvm_segment {
         base: 0,
         limit: 0xffff_ffff,
         selector,
         type_,
         present: 1,
-        dpl: 0,
+        dpl,
         db: u8::from(!long),
         s: 1,
         l: u8::from(long),

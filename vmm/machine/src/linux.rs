@@ -48,7 +48,7 @@ use crate::boot::PcDevices;
 use crate::error::{MachineError, Result};
 use crate::kvm::GuestMem;
 use crate::personality::Personality;
-use crate::personality::{Amd, Intel, Source};
+use crate::personality::{Source, with_personality};
 use crate::quirks::HostQuirks;
 use crate::{Layout, Machine};
 
@@ -419,80 +419,22 @@ pub fn run(
     timeout: Duration,
 ) -> Result<LinuxRun> {
     let base = crate::kvm::supported_cpuid(kvm)?;
-    let (quirks, cmdline) = match shape {
-        Shape::IntelV5 => quirks_for(kvm, &Intel::v5(source), &base, options)?,
-        Shape::IntelV2 => quirks_for(kvm, &Intel::v2(source), &base, options)?,
-        Shape::AmdPerfMonV2 => quirks_for(kvm, &Amd::perfmon_v2(source), &base, options)?,
-        Shape::AmdK7 => quirks_for(kvm, &Amd::k7(source), &base, options)?,
-    };
-    let options = LinuxOptions {
-        cmdline: cmdline.clone(),
-        ..options.clone()
-    };
-    fn go<P>(
-        kvm: &Kvm,
-        p: P,
-        base: &CpuId,
-        kernel: &[u8],
-        options: &LinuxOptions,
-        quirks: &HostQuirks,
-        timeout: Duration,
-    ) -> Result<RunResult>
-    where
-        P: Personality + Sync,
-        P::Model: Send,
-        P::Backend: Send + Sync,
-        crate::Ctx<P>: Send,
-    {
-        let mut machine = Machine::boot_linux(kvm, p, base, kernel, options)?;
+    with_personality!(shape, source, |p| {
+        let (quirks, cmdline) = quirks_for(kvm, &p, &base, options)?;
+        let options = LinuxOptions {
+            cmdline: cmdline.clone(),
+            ..options.clone()
+        };
+        let mut machine = Machine::boot_linux(kvm, p, &base, kernel, &options)?;
         machine.quirks = quirks.clone();
-        Ok(machine.run(timeout).pop().unwrap_or_default())
-    }
-    let result = match shape {
-        Shape::IntelV5 => go(
-            kvm,
-            Intel::v5(source),
-            &base,
-            kernel,
-            &options,
-            &quirks,
-            timeout,
-        )?,
-        Shape::IntelV2 => go(
-            kvm,
-            Intel::v2(source),
-            &base,
-            kernel,
-            &options,
-            &quirks,
-            timeout,
-        )?,
-        Shape::AmdPerfMonV2 => go(
-            kvm,
-            Amd::perfmon_v2(source),
-            &base,
-            kernel,
-            &options,
-            &quirks,
-            timeout,
-        )?,
-        Shape::AmdK7 => go(
-            kvm,
-            Amd::k7(source),
-            &base,
-            kernel,
-            &options,
-            &quirks,
-            timeout,
-        )?,
-    };
-    Ok(LinuxRun {
-        result,
-        quirks,
-        cmdline,
+        let result = machine.run(timeout).pop().unwrap_or_default();
+        Ok(LinuxRun {
+            result,
+            quirks,
+            cmdline,
+        })
     })
 }
-
 /// The quirks of this host for a guest of `personality`, and the command line with their
 /// kernel parameters appended.
 fn quirks_for<P: Personality>(

@@ -42,6 +42,32 @@ impl Source {
     }
 }
 
+/// Evaluates `$body` with `$p` bound to the personality of test shape `$shape` under event
+/// source `$source` (each arm its own type: the body is generic code instantiated four times).
+macro_rules! with_personality {
+    ($shape:expr, $source:expr, |$p:ident| $body:expr) => {
+        match $shape {
+            vpmu_models::shapes::Shape::IntelV5 => {
+                let $p = $crate::personality::Intel::v5($source);
+                $body
+            }
+            vpmu_models::shapes::Shape::IntelV2 => {
+                let $p = $crate::personality::Intel::v2($source);
+                $body
+            }
+            vpmu_models::shapes::Shape::AmdPerfMonV2 => {
+                let $p = $crate::personality::Amd::perfmon_v2($source);
+                $body
+            }
+            vpmu_models::shapes::Shape::AmdK7 => {
+                let $p = $crate::personality::Amd::k7($source);
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_personality;
+
 /// A vendor personality.
 pub trait Personality {
     /// The core's backend.

@@ -493,6 +493,16 @@ impl<'a, P: Personality> Runner<'a, P> {
             if self.activity == VmmActivity::MsrAccess && self.handler == MsrHandler::Vpmu {
                 msr_exit = Some(locks_at_exit);
             }
+            // Boot mode: the PC devices take their exits first.
+            if self.devices.is_some() {
+                if let Some(ended) = self.device_exit(&exit, result)? {
+                    if ended {
+                        return Ok(true);
+                    }
+                    self.check_pmi()?;
+                    continue;
+                }
+            }
             match exit {
                 Exit::Debug { pc } if matches!(debug, GuestDebug::Breakpoints([Some(at), _]) if at == pc) =>
                 {
@@ -556,22 +566,6 @@ impl<'a, P: Personality> Runner<'a, P> {
                         unsafe { *error = 1 };
                     }
                 }
-                Exit::Out { port, size, value } if self.devices.is_some() => {
-                    if self.device_out(port, size, value, result)? {
-                        return Ok(true);
-                    }
-                }
-                Exit::MmioRead { data, len } if self.devices.is_some() => {
-                    // Nothing is there: reads float high, as on an unclaimed bus.
-                    // SAFETY: `data` points at `len` (at most 8) bytes of the kvm_run page's
-                    // MMIO data area, alive while the vCPU fd lives.
-                    unsafe { std::ptr::write_bytes(data, 0xff, len.min(8)) };
-                }
-                Exit::MmioWrite if self.devices.is_some() => {}
-                Exit::Shutdown if self.devices.is_some() => {
-                    result.reset = Some("shutdown (triple fault)");
-                    return Ok(true);
-                }
                 Exit::InternalError => {
                     if !self.complete_unemulated()? {
                         return Err(MachineError::UnexpectedExit(format!(
@@ -580,13 +574,6 @@ impl<'a, P: Personality> Runner<'a, P> {
                             self.sync.sregs.cs.selector & 3
                         )));
                     }
-                }
-                Exit::In { port, data, len } if self.devices.is_some() => {
-                    let devices = self.devices.as_mut().expect("checked");
-                    let bytes = devices.input(port, len).to_le_bytes();
-                    // SAFETY: `data` points at `len` bytes of the kvm_run page (the I/O data
-                    // area KVM named in the exit), alive while the vCPU fd lives.
-                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, len.min(4)) };
                 }
                 Exit::Out { port, value, .. } => match port {
                     port::CONSOLE => result.console.push(char::from(value as u8)),
