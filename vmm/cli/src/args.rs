@@ -52,10 +52,10 @@ pub(crate) enum Command {
     /// source by default; the host's quirks are probed first and what Linux must not use is
     /// appended to its command line. Both: COM1 console on stdout (with its transmitter
     /// interrupt), isa-debug-exit (0xf4), KVM's LAPIC, the chosen PMU. Exit status: 0 when the
-    /// guest wrote 0 to isa-debug-exit or reset the machine (keyboard controller, triple
-    /// fault); for a non-zero code, (code << 1 | 1) & 0xff as QEMU's (3 for code 1; 77 for
-    /// kvm-unit-tests' all-skipped code 38); 1 if the guest did neither (timeout, a broken
-    /// run); 2 bad options; 77 no /dev/kvm.
+    /// guest wrote 0 to isa-debug-exit or reset the machine (keyboard controller); for a
+    /// non-zero code, (code << 1 | 1) & 0xff as QEMU's (3 for code 1; 77 for
+    /// kvm-unit-tests' all-skipped code 38); 1 if the guest did neither (timeout, a triple
+    /// fault, a broken run); 2 bad options; 77 no /dev/kvm.
     Boot(BootArgs),
 }
 

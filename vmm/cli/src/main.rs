@@ -270,14 +270,14 @@ fn boot_outcome(
             );
             ExitCode::from(status)
         }
-        (None, Some(how), _) => {
+        (None, true, _) => {
             eprintln!(
-                "vpmu boot: {} reset the machine ({how}) after {took:.1} s, {counts}",
+                "vpmu boot: {} reset the machine (keyboard controller) after {took:.1} s, {counts}",
                 shape.name()
             );
             ExitCode::SUCCESS
         }
-        (None, None, error) => {
+        (None, false, error) => {
             eprintln!(
                 "vpmu boot: {} did not exit ({}) after {took:.1} s",
                 shape.name(),

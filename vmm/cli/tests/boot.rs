@@ -207,29 +207,40 @@ fn boot_without_kvm_or_image_says_why() {
         .expect("run the vpmu binary");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/image.elf"));
+    // A multiboot header (magic, flags, checksum) is all the check before /dev/kvm needs.
+    let dir = std::env::temp_dir().join(format!("vpmu-boot-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let multiboot = dir.join("multiboot.bin");
+    let magic = 0x1BAD_B002u32;
+    let header: Vec<u8> = [magic, 0, magic.wrapping_neg()]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    std::fs::write(&multiboot, header).expect("write");
     let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
-        .args(["boot", env!("CARGO_BIN_EXE_vpmu")])
+        .arg("boot")
+        .arg(&multiboot)
         .env("VPMU_KVM_DEVICE", "/nonexistent/kvm")
         .output()
         .expect("run the vpmu binary");
     assert_eq!(out.status.code(), Some(SKIP));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/kvm is not available"));
-    if vpmu_kvm_usable() {
-        // The binary itself is an ELF64 executable but no multiboot image.
-        let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
-            .args(["boot", env!("CARGO_BIN_EXE_vpmu")])
-            .output()
-            .expect("run the vpmu binary");
-        assert_eq!(out.status.code(), Some(1));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains("no multiboot header"), "{stderr}");
-    }
-}
-
-fn vpmu_kvm_usable() -> bool {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_ok()
+    // The binary itself is an ELF64 executable but neither a multiboot image nor a kernel
+    // (a position-independent program): bad input, said before /dev/kvm is opened.
+    let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .args(["boot", env!("CARGO_BIN_EXE_vpmu")])
+        .output()
+        .expect("run the vpmu binary");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("neither a multiboot image"), "{stderr}");
+    // An initrd is for a kernel.
+    let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .arg("boot")
+        .arg(&multiboot)
+        .args(["--initrd", env!("CARGO_BIN_EXE_vpmu")])
+        .output()
+        .expect("run the vpmu binary");
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -408,10 +408,6 @@ impl<P: Personality> crate::runner::Runner<'_, P> {
                 Ok(Some(false))
             }
             Exit::MmioWrite => Ok(Some(false)),
-            Exit::Shutdown => {
-                result.reset = Some("shutdown (triple fault)");
-                Ok(Some(true))
-            }
             _ => Ok(None),
         }
     }
@@ -435,7 +431,7 @@ impl<P: Personality> crate::runner::Runner<'_, P> {
                 Ok(true)
             }
             PortEffect::Reset => {
-                result.reset = Some("keyboard-controller reset");
+                result.reset = true;
                 Ok(true)
             }
             PortEffect::Interrupt(line) => {

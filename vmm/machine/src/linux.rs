@@ -118,15 +118,43 @@ pub enum KernelFormat {
     BzImage,
 }
 
-/// What kind of kernel `image` is, if it is one this mode boots.
+/// What kind of kernel `image` is, if it is one this mode boots. A `vmlinux` is an ELF64 x86-64
+/// executable (`ET_EXEC`, not position-independent) whose entry and every loadable segment's
+/// physical address are at or above 1 MiB, as the kernel links itself; a program that is not
+/// a kernel (a PIE, a user-space binary at low addresses) is not taken for one.
 pub fn kernel_format(image: &[u8]) -> Option<KernelFormat> {
-    const EM_X86_64: u16 = 62;
-    if image.len() >= 20 && image[..4] == *b"\x7fELF" && image[4] == 2 {
-        let machine = u16::from_le_bytes([image[18], image[19]]);
-        return (machine == EM_X86_64).then_some(KernelFormat::Vmlinux);
+    if image.len() >= 4 && image[..4] == *b"\x7fELF" {
+        return vmlinux(image).then_some(KernelFormat::Vmlinux);
     }
     (image.len() > 0x206 && image[0x202..0x206] == HDRS.to_le_bytes())
         .then_some(KernelFormat::BzImage)
+}
+
+fn vmlinux(image: &[u8]) -> bool {
+    use object::Endianness;
+    use object::read::elf::{FileHeader, ProgramHeader};
+    const EM_X86_64: u16 = 62;
+    const ET_EXEC: u16 = 2;
+    const PT_LOAD: u32 = 1;
+    let Ok(header) = object::elf::FileHeader64::<Endianness>::parse(image) else {
+        return false;
+    };
+    let Ok(endian) = header.endian() else {
+        return false;
+    };
+    let Ok(segments) = header.program_headers(endian, image) else {
+        return false;
+    };
+    let loads: Vec<u64> = segments
+        .iter()
+        .filter(|p| p.p_type(endian) == PT_LOAD)
+        .map(|p| p.p_paddr(endian))
+        .collect();
+    header.e_machine(endian) == EM_X86_64
+        && header.e_type(endian) == ET_EXEC
+        && header.e_entry(endian) >= HIGH_MEMORY
+        && !loads.is_empty()
+        && loads.iter().all(|&paddr| paddr >= HIGH_MEMORY)
 }
 
 fn boot_error(what: impl std::fmt::Display) -> MachineError {
@@ -461,19 +489,85 @@ fn quirks_for<P: Personality>(
 mod tests {
     use super::*;
 
+    /// An ELF64 header and one PT_LOAD program header: type, machine, entry, paddr.
+    fn elf(e_type: u16, machine: u16, entry: u64, paddr: u64) -> Vec<u8> {
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        (elf[4], elf[5], elf[6]) = (2, 1, 1); // 64-bit, little-endian, version 1
+        elf[16..18].copy_from_slice(&e_type.to_le_bytes());
+        elf[18..20].copy_from_slice(&machine.to_le_bytes());
+        elf[20..24].copy_from_slice(&1u32.to_le_bytes());
+        elf[24..32].copy_from_slice(&entry.to_le_bytes());
+        elf[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        elf[52..54].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
+        elf[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+        elf[56..58].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+        elf[64..68].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+        elf[64 + 24..64 + 32].copy_from_slice(&paddr.to_le_bytes());
+        elf
+    }
+
     #[test]
     fn kernel_formats_are_recognised() {
-        let mut elf = vec![0u8; 64];
-        elf[..4].copy_from_slice(b"\x7fELF");
-        elf[4] = 2;
-        elf[18] = 62;
-        assert_eq!(kernel_format(&elf), Some(KernelFormat::Vmlinux));
-        elf[18] = 3; // i386
-        assert_eq!(kernel_format(&elf), None);
+        let kernel = elf(2, 62, 0x100_0000, 0x100_0000);
+        assert_eq!(kernel_format(&kernel), Some(KernelFormat::Vmlinux));
+        assert_eq!(
+            kernel_format(&elf(2, 3, 0x100_0000, 0x100_0000)),
+            None,
+            "i386"
+        );
+        assert_eq!(
+            kernel_format(&elf(3, 62, 0x100_0000, 0x100_0000)),
+            None,
+            "a PIE"
+        );
+        assert_eq!(
+            kernel_format(&elf(2, 62, 0x40_1000, 0x40_0000)),
+            None,
+            "low entry"
+        );
+        assert_eq!(
+            kernel_format(&elf(2, 62, 0x100_0000, 0x1000)),
+            None,
+            "low segment"
+        );
         let mut bz = vec![0u8; 0x400];
         bz[0x202..0x206].copy_from_slice(b"HdrS");
         assert_eq!(kernel_format(&bz), Some(KernelFormat::BzImage));
         assert_eq!(kernel_format(b"not a kernel"), None);
+    }
+
+    /// A bzImage as the boot protocol lays it out: setup sectors with the header at 0x1f1,
+    /// then the protected-mode payload, which goes to 1 MiB; the 64-bit entry is 0x200 in.
+    #[test]
+    fn a_bzimage_payload_goes_to_one_mib_with_its_64_bit_entry() {
+        let setup_sects = 4u8;
+        let mut image = vec![0u8; (usize::from(setup_sects) + 1) * 512];
+        image[0x1f1] = setup_sects;
+        image[0x1fe..0x200].copy_from_slice(&BOOT_FLAG.to_le_bytes());
+        image[0x202..0x206].copy_from_slice(b"HdrS");
+        image[0x206..0x208].copy_from_slice(&PROTOCOL_2_15.to_le_bytes());
+        image[0x211] = LOADED_HIGH;
+        image[0x214..0x218].copy_from_slice(&(HIGH_MEMORY as u32).to_le_bytes()); // code32_start
+        image[0x236..0x238].copy_from_slice(&1u16.to_le_bytes()); // XLF_KERNEL_64
+        image[0x260..0x264].copy_from_slice(&(1u32 << 20).to_le_bytes()); // init_size
+        let payload: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        image.extend(&payload);
+        assert_eq!(kernel_format(&image), Some(KernelFormat::BzImage));
+        let mem = GuestMem::new(8 << 20).expect("memory");
+        let loaded = load_kernel(&mem, &image).expect("loads");
+        assert_eq!(loaded.entry, HIGH_MEMORY + BZIMAGE_ENTRY_64);
+        assert_eq!(mem.to_vec(HIGH_MEMORY, payload.len()), Some(payload));
+        assert!(loaded.header.is_some());
+        assert!(
+            loaded.end >= HIGH_MEMORY + (1 << 20),
+            "room for the decompressed kernel"
+        );
+        // Without the 64-bit entry flag (and an older protocol) it is refused.
+        image[0x236] = 0;
+        image[0x206..0x208].copy_from_slice(&0x020cu16.to_le_bytes());
+        assert!(load_kernel(&mem, &image).is_err());
+        assert!(load_kernel(&mem, b"neither").is_err());
     }
 
     #[test]

@@ -55,9 +55,9 @@ pub struct RunResult {
     /// Locks taken over the MSR exits answered by the vpmu, each from the exit to the next
     /// entry or to the end of the vCPU's slice (`msr_exit_ns[0].0` exits).
     pub msr_exit_locks: LockCount,
-    /// How the guest reset or shut the machine down, if it did (boot mode: the keyboard
-    /// controller's reset line, a triple fault). The run ended there.
-    pub reset: Option<&'static str>,
+    /// The guest reset the machine through the keyboard controller's reset line (boot mode:
+    /// Linux's `reboot -f`, a panic with `panic=-1`). The run ended there.
+    pub reset: bool,
     /// The host-quirk completions the VMM performed (`quirks`).
     pub completions: crate::Completions,
     /// AMD event selects the guest enabled that the source never counts (they read 0; AMD

@@ -637,7 +637,11 @@ impl<'a, P: Personality> Runner<'a, P> {
                 Exit::MmioRead { .. } | Exit::MmioWrite => {
                     return Err(MachineError::UnexpectedExit("MMIO outside RAM".into()));
                 }
-                Exit::Shutdown => return Err(MachineError::UnexpectedExit("shutdown".into())),
+                Exit::Shutdown => {
+                    return Err(MachineError::UnexpectedExit(
+                        "the vCPU shut down (a triple fault)".into(),
+                    ));
+                }
                 Exit::Other(what) => return Err(MachineError::UnexpectedExit(what)),
             }
             self.check_pmi()?;
