@@ -522,7 +522,7 @@ mod tests {
             "a PIE"
         );
         assert_eq!(
-            kernel_format(&elf(2, 62, 0x40_1000, 0x40_0000)),
+            kernel_format(&elf(2, 62, 0x8_1000, 0x10_0000)),
             None,
             "low entry"
         );
