@@ -90,8 +90,8 @@ const E820_RESERVED: u32 = 2;
 /// The smallest and largest RAM of a Linux guest (MiB): the kernel is loaded at 16 MiB and
 /// RAM must stay below the 32-bit MMIO hole (IOAPIC at 0xfec00000).
 pub const MIN_MEM_MIB: u64 = 32;
-/// See [`MIN_MEM_MIB`].
-pub const MAX_MEM_MIB: u64 = 3072;
+/// See [`MIN_MEM_MIB`] (the same bound as a multiboot image's).
+pub const MAX_MEM_MIB: u64 = crate::boot::MAX_MEM_MIB;
 /// `vpmu boot`'s default RAM for a kernel (MiB): a kernel initialises and frees all of it
 /// emulated, about 2.5 s per 128 MiB here, so keep it small.
 pub const DEFAULT_MEM_MIB: u64 = 128;
