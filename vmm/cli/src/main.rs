@@ -8,16 +8,18 @@
 //!   [--out DIR]`: the vPMU's code coverage under the suite, read by a guest through
 //!   `XENPMU_OP_COVERAGE` (`vpmu-coverage`).
 //!
-//! * `vpmu boot [--pmu SHAPE] [--mem MIB] [--timeout SECONDS] [--append ARGS] ELF`: runs a
-//!   multiboot image (upstream kvm-unit-tests' `x86/pmu`, say) as QEMU's `-kernel` would, on one
-//!   of the four PMU personalities with the precise event source (`vpmu_machine::boot`).
+//! * `vpmu boot [--pmu SHAPE] [--source precise|timed] [--mem MIB] [--timeout SECONDS]
+//!   [--append ARGS] [--initrd FILE] IMAGE`: runs a multiboot image (upstream kvm-unit-tests'
+//!   `x86/pmu`, say) as QEMU's `-kernel` would (`vpmu_machine::boot`; the precise source by
+//!   default), or boots a Linux kernel with an initrd (`vpmu_machine::linux`; the timed source
+//!   by default), on one of the four PMU personalities.
 //!
 //! This binary only parses and checks the arguments (one `clap` definition: every option is
 //! validated before `/dev/kvm` is opened), checks `/dev/kvm`, calls a library and maps its
 //! result to the exit status: 0 ok, 1 a check failed or the run broke, 2 bad usage, 3
 //! coverage without `XENPMU_OP_COVERAGE`, 77 no usable `/dev/kvm`; `vpmu boot` exits with the
 //! guest's isa-debug-exit code mapped as QEMU does (`(code << 1) | 1`, 8 bits) except that code
-//! 0 gives 0.
+//! 0 gives 0, and 0 for a keyboard-controller reset.
 
 use std::process::ExitCode;
 use std::time::Duration;
