@@ -262,7 +262,11 @@ fn boot_outcome(
         "{} {steps}, {} PMU MSR exits, {} PMIs",
         result.steps, result.msr_exits, result.pmis
     );
-    match (result.status, result.reset, &result.error) {
+    match (
+        result.status,
+        result.reset || result.powered_off,
+        &result.error,
+    ) {
         (Some(code), _, _) => {
             let status = boot::exit_status(code);
             eprintln!(
@@ -274,8 +278,13 @@ fn boot_outcome(
         }
         (None, true, _) => {
             eprintln!(
-                "vpmu boot: {} reset the machine (keyboard controller) after {took:.1} s, {counts}",
-                shape.name()
+                "vpmu boot: {} {} after {took:.1} s, {counts}",
+                shape.name(),
+                if result.reset {
+                    "reset the machine (keyboard controller)"
+                } else {
+                    "powered off (halted with interrupts off)"
+                }
             );
             ExitCode::SUCCESS
         }

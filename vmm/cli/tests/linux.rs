@@ -475,6 +475,61 @@ fn linux_static_perf_amd_k7() {
     perf_in_guest("amd-k7", "initramfs-perf-static.cpio");
 }
 
+/// A guest that halts (Linux without ACPI: `halt -f` stops the CPU with interrupts off, and so
+/// does its `poweroff` fallback) ends the run, with status 0; the host's parameters still reach
+/// the kernel when the command line hands arguments to init after `--`.
+#[test]
+#[ignore = "half a minute: cargo test --release -p vpmu-cli --test linux -- --ignored"]
+fn linux_halt_ends_the_run() {
+    let dir = artifacts();
+    let (kernel, initrd) = (dir.join("vmlinux"), dir.join("initramfs.cpio"));
+    if !kernel.is_file() || !initrd.is_file() {
+        return skip(
+            "halt",
+            "the kernel or initramfs.cpio is missing (vmm/linux-guest/build.sh)",
+        );
+    }
+    let line = cmdline().replace("rdinit=/init", "rdinit=/bin/busybox");
+    let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
+        .args([
+            "boot",
+            "--pmu",
+            "amd-perfmonv2",
+            "--timeout",
+            "300",
+            "--initrd",
+        ])
+        .arg(&initrd)
+        .arg("--append")
+        .arg(format!("{line} -- halt -f"))
+        .arg(&kernel)
+        .output()
+        .expect("run the vpmu binary");
+    let console = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(SKIP) && stderr.contains("/dev/kvm is not available") {
+        return skip("halt", stderr.trim());
+    }
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{stderr}",
+        tail(&console, 40)
+    );
+    assert!(
+        stderr.contains("powered off (halted with interrupts off)"),
+        "{stderr}"
+    );
+    let kernel_line = console
+        .lines()
+        .find(|l| l.contains("Kernel command line: "))
+        .expect("the kernel's command line");
+    let params = kernel_line.split(" -- ").next().unwrap_or_default();
+    if stderr.contains("host quirk: xsave") {
+        assert!(params.contains("clearcpuid=154"), "{kernel_line}");
+    }
+}
+
 #[test]
 fn the_vmms_closing_line_and_kernel_stamps_parse() {
     let stderr = "vpmu boot: intel-v5 exited with code 0 (status 0) after 43.5 s, 455 single \

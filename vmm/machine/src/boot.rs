@@ -159,6 +159,13 @@ pub fn run(
     Ok(result.unwrap_or_default())
 }
 
+/// How often boot mode looks for a guest that powered off.
+pub(crate) const POWER_CHECK: Duration = Duration::from_millis(100);
+/// Consecutive looks that must find it halted with interrupts off.
+const POWERED_OFF_LOOKS: u8 = 2;
+/// RFLAGS.IF.
+const RFLAGS_IF: u64 = 1 << 9;
+
 /// The COM1 port base.
 const COM1: u16 = 0x3f8;
 /// isa-debug-exit.
@@ -228,6 +235,8 @@ pub(crate) struct PcDevices {
     echo: bool,
     /// Ports the guest touched that no device claims (reported at the end).
     pub(crate) unclaimed: std::collections::BTreeSet<u16>,
+    /// How many looks in a row found the vCPU halted with interrupts off.
+    halted_off: u8,
 }
 
 impl PcDevices {
@@ -245,6 +254,7 @@ impl PcDevices {
             ram_size,
             echo,
             unclaimed: std::collections::BTreeSet::new(),
+            halted_off: 0,
         }
     }
 
@@ -408,6 +418,26 @@ impl<P: Personality> crate::runner::Runner<'_, P> {
                 Ok(Some(false))
             }
             Exit::MmioWrite => Ok(Some(false)),
+            Exit::Kicked => {
+                // A guest without ACPI powers off by halting with interrupts off (Linux's
+                // `poweroff -f`: `machine_power_off` → `stop_this_cpu`); nothing but an NMI
+                // would wake it.
+                let halted = self
+                    .vcpu
+                    .fd
+                    .get_mp_state()
+                    .is_ok_and(|s| s.mp_state == kvm_bindings::KVM_MP_STATE_HALTED);
+                let off = halted && self.sync.regs.rflags & RFLAGS_IF == 0;
+                let Some(devices) = self.devices.as_mut() else {
+                    return Ok(None);
+                };
+                devices.halted_off = if off { devices.halted_off + 1 } else { 0 };
+                if devices.halted_off >= POWERED_OFF_LOOKS {
+                    result.powered_off = true;
+                    return Ok(Some(true));
+                }
+                Ok(None)
+            }
             _ => Ok(None),
         }
     }

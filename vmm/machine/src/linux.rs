@@ -474,15 +474,31 @@ fn quirks_for<P: Personality>(
     let mut cpuid = base.clone();
     personality.cpuid(&mut cpuid);
     let quirks = HostQuirks::detect(kvm, &cpuid)?;
-    let extra = quirks.kernel_parameters();
-    let cmdline = if extra.is_empty() {
-        options.cmdline.clone()
-    } else if options.cmdline.is_empty() {
-        extra
-    } else {
-        format!("{} {extra}", options.cmdline)
-    };
+    let cmdline = with_kernel_parameters(&options.cmdline, &quirks.kernel_parameters());
     Ok((quirks, cmdline))
+}
+
+/// `cmdline` with `extra` added to the kernel's parameters: before a ` -- `, after which
+/// Linux hands the words to init.
+fn with_kernel_parameters(cmdline: &str, extra: &str) -> String {
+    if extra.is_empty() {
+        return cmdline.to_string();
+    }
+    let (kernel, init) = match cmdline.split_once("-- ") {
+        Some((kernel, init)) if kernel.is_empty() || kernel.ends_with(' ') => {
+            (kernel.trim_end(), Some(init))
+        }
+        _ => (cmdline.trim_end(), None),
+    };
+    let kernel = if kernel.is_empty() {
+        extra.to_string()
+    } else {
+        format!("{kernel} {extra}")
+    };
+    match init {
+        Some(init) => format!("{kernel} -- {init}"),
+        None => kernel,
+    }
 }
 
 #[cfg(test)]
@@ -568,6 +584,30 @@ mod tests {
         image[0x206..0x208].copy_from_slice(&0x020cu16.to_le_bytes());
         assert!(load_kernel(&mem, &image).is_err());
         assert!(load_kernel(&mem, b"neither").is_err());
+    }
+
+    #[test]
+    fn host_parameters_go_before_the_init_arguments() {
+        let x = "clearcpuid=154,151";
+        assert_eq!(
+            with_kernel_parameters("console=ttyS0", x),
+            "console=ttyS0 clearcpuid=154,151"
+        );
+        assert_eq!(with_kernel_parameters("", x), x);
+        assert_eq!(with_kernel_parameters("console=ttyS0", ""), "console=ttyS0");
+        assert_eq!(
+            with_kernel_parameters("rdinit=/bin/busybox -- halt -f", x),
+            "rdinit=/bin/busybox clearcpuid=154,151 -- halt -f"
+        );
+        assert_eq!(
+            with_kernel_parameters("-- sh", x),
+            "clearcpuid=154,151 -- sh"
+        );
+        // `--` inside a word is not the separator.
+        assert_eq!(
+            with_kernel_parameters("a=b--c", x),
+            "a=b--c clearcpuid=154,151"
+        );
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct RunResult {
     /// The guest reset the machine through the keyboard controller's reset line (boot mode:
     /// Linux's `reboot -f`, a panic with `panic=-1`). The run ended there.
     pub reset: bool,
+    /// The guest powered off (boot mode: halted with interrupts off, as a kernel without
+    /// ACPI does). The run ended there.
+    pub powered_off: bool,
     /// The host-quirk completions the VMM performed (`quirks`).
     pub completions: crate::Completions,
     /// AMD event selects the guest enabled that the source never counts (they read 0; AMD

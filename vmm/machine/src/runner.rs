@@ -339,6 +339,12 @@ impl<'a, P: Personality> Runner<'a, P> {
         let mut armed: Option<Instant> = None;
         let precise = self.personality.source() == Source::Precise;
         let split = !precise && self.split.is_some();
+        // Boot mode: a guest that powered off (halted with interrupts off) is looked for at
+        // least this often (`boot::POWER_CHECK`).
+        let mut power_check = self
+            .devices
+            .as_ref()
+            .map(|_| Instant::now() + crate::boot::POWER_CHECK);
         let mut exits = 0u64;
         // The locks taken since the last exit, if it was a PMU MSR exit the vpmu answered.
         let mut msr_exit: Option<LockCount> = None;
@@ -438,6 +444,12 @@ impl<'a, P: Personality> Runner<'a, P> {
                 // Early if the host preempts the thread: the loop then enters again for the
                 // rest.
                 deadline = deadline.min(Instant::now() + left);
+            }
+            if let Some(at) = power_check {
+                if Instant::now() >= at {
+                    power_check = Some(Instant::now() + crate::boot::POWER_CHECK);
+                }
+                deadline = deadline.min(power_check.unwrap_or(at));
             }
             if armed != Some(deadline) {
                 kick.kick().arm(Some(deadline));

@@ -1,15 +1,6 @@
 //! The CPUID features whose instructions a guest kernel may execute at CPL0, with a probe
-//! instruction each and how Linux is told not to use it (`super`: which of them this host's
+//! instruction each and its Linux feature bit (`super`: which of them this host's
 //! CPL0 emulator cannot execute).
-
-/// How Linux is told not to use a feature.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelSwitch {
-    /// `clearcpuid=N`: Linux 6.1's feature-bit number (`arch/x86/include/asm/cpufeatures.h`).
-    ClearCpuid(u16),
-    /// `noxsave`: the whole XSAVE family.
-    NoXsave,
-}
 
 /// A CPUID feature whose instruction a guest kernel may execute at CPL0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,8 +15,9 @@ pub struct Feature {
     pub register: u8,
     /// See `leaf`.
     pub bit: u8,
-    /// How Linux is told not to use it.
-    pub switch: KernelSwitch,
+    /// Linux 6.1's feature-bit number (`arch/x86/include/asm/cpufeatures.h`): `clearcpuid=`
+    /// of it keeps the kernel off the feature.
+    pub linux_bit: u16,
     /// The instruction probed (and the CR4 bits it needs), as text.
     pub instruction: &'static str,
     /// Where Linux 6.1 executes it (why it matters).
@@ -53,7 +45,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: ECX,
         bit: 26,
-        switch: KernelSwitch::NoXsave,
+        linux_bit: 154,
         instruction: "xrstor (CR4.OSXSAVE)",
         used_by: "fpu__init_system_xstate",
         probe: &[0x31, 0xc0, 0x31, 0xd2, 0x0f, 0xae, 0x2e], // xor eax,eax; xor edx,edx; xrstor (rsi)
@@ -65,7 +57,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: ECX,
         bit: 23,
-        switch: KernelSwitch::ClearCpuid(151),
+        linux_bit: 151,
         instruction: "popcnt",
         used_by: "hweight64 (alternatives)",
         probe: &[0xf3, 0x48, 0x0f, 0xb8, 0xc0],
@@ -77,7 +69,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: ECX,
         bit: 13,
-        switch: KernelSwitch::ClearCpuid(141),
+        linux_bit: 141,
         instruction: "cmpxchg16b",
         used_by: "SLUB's cmpxchg_double",
         probe: &[0x48, 0x0f, 0xc7, 0x0e],
@@ -89,7 +81,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: ECX,
         bit: 22,
-        switch: KernelSwitch::ClearCpuid(150),
+        linux_bit: 150,
         instruction: "movbe",
         used_by: "compiler-independent byte swaps (checked)",
         probe: &[0x0f, 0x38, 0xf0, 0x06],
@@ -101,7 +93,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: ECX,
         bit: 30,
-        switch: KernelSwitch::ClearCpuid(158),
+        linux_bit: 158,
         instruction: "rdrand",
         used_by: "random pool seeding",
         probe: &[0x0f, 0xc7, 0xf0],
@@ -113,7 +105,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EBX,
         bit: 0,
-        switch: KernelSwitch::ClearCpuid(288),
+        linux_bit: 288,
         instruction: "rdfsbase (CR4.FSGSBASE)",
         used_by: "context switch of FS/GS bases",
         probe: &[0xf3, 0x48, 0x0f, 0xae, 0xc0],
@@ -125,7 +117,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EBX,
         bit: 3,
-        switch: KernelSwitch::ClearCpuid(291),
+        linux_bit: 291,
         instruction: "andn",
         used_by: "alternatives of bit helpers",
         probe: &[0xc4, 0xe2, 0x78, 0xf2, 0xc0],
@@ -137,7 +129,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EBX,
         bit: 8,
-        switch: KernelSwitch::ClearCpuid(296),
+        linux_bit: 296,
         instruction: "bzhi",
         used_by: "alternatives of bit helpers",
         probe: &[0xc4, 0xe2, 0x78, 0xf5, 0xc0],
@@ -149,7 +141,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EBX,
         bit: 10,
-        switch: KernelSwitch::ClearCpuid(298),
+        linux_bit: 298,
         instruction: "invpcid (type 2)",
         used_by: "TLB flushes",
         // mov eax, 2; invpcid rax, (rsi)
@@ -162,7 +154,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EBX,
         bit: 18,
-        switch: KernelSwitch::ClearCpuid(306),
+        linux_bit: 306,
         instruction: "rdseed",
         used_by: "random pool seeding",
         probe: &[0x0f, 0xc7, 0xf8],
@@ -174,7 +166,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EBX,
         bit: 20,
-        switch: KernelSwitch::ClearCpuid(308),
+        linux_bit: 308,
         instruction: "stac; clac",
         used_by: "every user-memory access",
         probe: &[0x0f, 0x01, 0xcb, 0x0f, 0x01, 0xca],
@@ -186,7 +178,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EBX,
         bit: 23,
-        switch: KernelSwitch::ClearCpuid(311),
+        linux_bit: 311,
         instruction: "clflushopt",
         used_by: "cache flushes",
         probe: &[0x66, 0x0f, 0xae, 0x3e],
@@ -198,7 +190,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EBX,
         bit: 24,
-        switch: KernelSwitch::ClearCpuid(312),
+        linux_bit: 312,
         instruction: "clwb",
         used_by: "cache write-backs",
         probe: &[0x66, 0x0f, 0xae, 0x36],
@@ -210,7 +202,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: ECX,
         bit: 3,
-        switch: KernelSwitch::ClearCpuid(515),
+        linux_bit: 515,
         instruction: "rdpkru (CR4.PKE)",
         used_by: "protection-key switches",
         probe: &[0x31, 0xc9, 0x0f, 0x01, 0xee],
@@ -222,7 +214,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: ECX,
         bit: 22,
-        switch: KernelSwitch::ClearCpuid(534),
+        linux_bit: 534,
         instruction: "rdpid",
         used_by: "per-CPU number lookups",
         probe: &[0xf3, 0x0f, 0xc7, 0xf8],
@@ -234,7 +226,7 @@ pub const FEATURES: &[Feature] = &[
         subleaf: 0,
         register: EDX,
         bit: 14,
-        switch: KernelSwitch::ClearCpuid(590),
+        linux_bit: 590,
         instruction: "serialize",
         used_by: "sync_core",
         probe: &[0x0f, 0x01, 0xe8],

@@ -28,8 +28,9 @@
 //!    clear leaf 1 or leaf 7 feature bits, so the guest sees instructions its CPL0 cannot run
 //!    (POPCNT, XRSTOR, CMPXCHG16B, ...). Each candidate [`FEATURES`] has a probe instruction;
 //!    a feature the guest's CPUID shows and whose probe ends in `KVM_EXIT_INTERNAL_ERROR` is
-//!    switched off in the kernel by the parameter its row names (`clearcpuid=N` with Linux
-//!    6.1's bit number, or `noxsave`), which `vpmu boot` appends to the command line.
+//!    switched off in the kernel by `clearcpuid=N` with Linux 6.1's bit number (XSAVE's too,
+//!    instead of `noxsave`, which Linux would also hand to init as an argument), which
+//!    `vpmu boot` appends to the command line.
 //!
 //! Each probe is a fresh VM with one vCPU (long mode, the machine's identity map), an IDT whose
 //! every exception gate runs `out 0xf5`, and the instruction under test followed by `out 0xf4`;
@@ -42,7 +43,7 @@ use kvm_ioctls::{Kvm, VcpuExit};
 
 mod features;
 
-pub use features::{FEATURES, Feature, KernelSwitch};
+pub use features::{FEATURES, Feature};
 
 use crate::error::{MachineError, Result};
 use crate::kick::Kick;
@@ -287,28 +288,22 @@ impl HostQuirks {
         })
     }
 
-    /// The kernel parameters that keep Linux off the unexecutable features (empty if none).
+    /// The kernel parameters that keep Linux off the unexecutable features (empty if none):
+    /// one `clearcpuid=` list. (Not `noxsave`: a word without `=` that Linux does not know at
+    /// its late parsing is handed to init as an argument, and a busybox init takes it for an
+    /// applet's name; `clearcpuid=` of XSAVE's bit does what `noxsave` does, in the same early
+    /// function.)
     pub fn kernel_parameters(&self) -> String {
-        let mut words = Vec::new();
-        if self
-            .unexecutable
-            .iter()
-            .any(|f| f.switch == KernelSwitch::NoXsave)
-        {
-            words.push("noxsave".to_string());
-        }
         let bits: Vec<String> = self
             .unexecutable
             .iter()
-            .filter_map(|f| match f.switch {
-                KernelSwitch::ClearCpuid(n) => Some(n.to_string()),
-                KernelSwitch::NoXsave => None,
-            })
+            .map(|f| f.linux_bit.to_string())
             .collect();
-        if !bits.is_empty() {
-            words.push(format!("clearcpuid={}", bits.join(",")));
+        if bits.is_empty() {
+            String::new()
+        } else {
+            format!("clearcpuid={}", bits.join(","))
         }
-        words.join(" ")
     }
 
     /// One line per quirk found, with its evidence.
@@ -335,10 +330,7 @@ impl HostQuirks {
             lines.push("FWAIT at CPL0: KVM_EXIT_INTERNAL_ERROR; completed (skipped)".into());
         }
         for f in &self.unexecutable {
-            let switch = match f.switch {
-                KernelSwitch::ClearCpuid(n) => format!("clearcpuid={n}"),
-                KernelSwitch::NoXsave => "noxsave".into(),
-            };
+            let switch = format!("clearcpuid={}", f.linux_bit);
             lines.push(format!(
                 "{}: shown in CPUID, but {} at CPL0 is KVM_EXIT_INTERNAL_ERROR (Linux uses it \
                  in {}): {switch}",
@@ -368,7 +360,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parameters_name_each_switch_once() {
+    fn parameters_name_each_bit_once() {
         let none = HostQuirks::default();
         assert_eq!(none.kernel_parameters(), "");
         assert!(none.describe().is_empty());
@@ -380,7 +372,7 @@ mod tests {
             unexecutable: vec![find("xsave"), find("popcnt"), find("smap")],
             ..HostQuirks::default()
         };
-        assert_eq!(q.kernel_parameters(), "noxsave clearcpuid=151,308");
+        assert_eq!(q.kernel_parameters(), "clearcpuid=154,151,308");
         assert_eq!(q.describe().len(), 5);
     }
 
@@ -389,7 +381,7 @@ mod tests {
         for (i, a) in FEATURES.iter().enumerate() {
             for b in &FEATURES[i + 1..] {
                 assert_ne!(a.name, b.name);
-                assert_ne!(a.switch, b.switch);
+                assert_ne!(a.linux_bit, b.linux_bit);
                 assert_ne!((a.leaf, a.register, a.bit), (b.leaf, b.register, b.bit));
             }
         }
