@@ -136,11 +136,13 @@ impl<P: Personality> Runner<'_, P> {
 /// The time per instruction is measured as the run goes: the median of the ratio time /
 /// instructions over the last [`RATIOS`] runs that began and ended at CPL0 with at least
 /// [`MIN_CALIBRATION_INSNS`] instructions (their fixed entry and exit cost is then a few per
-/// cent), seeded by the probe's loop (`quirks`). A median, not a sum: a kernel run that held
-/// user code in the middle (the kernel returned to user space and came back without an exit)
-/// has a far higher ratio, and a sum would charge that user time to every later kernel
-/// instruction (measured on Linux 6.1: kernel runs 0.9–1.2 µs per instruction, the mixed ones
-/// up to 5 µs).
+/// cent), seeded by the probe's loop (`quirks`). A median, not a sum, and a run more than
+/// [`MAX_CALIBRATION_FACTOR`] times slower per instruction than the estimate does not count:
+/// a kernel run that held user code in the middle (the kernel returned to user space and a
+/// tick brought it back before its next exit) has a far higher ratio and would charge that
+/// user time to every later kernel instruction (measured on Linux 6.1: kernel runs 0.9–1.3 µs
+/// per instruction, the mixed ones 2.5–5 µs; with a PMU access at every tick, every run of a
+/// counted user loop is such a mixed kernel run).
 #[derive(Debug)]
 pub(crate) struct CplSplit {
     count: EmulationCount,
@@ -166,6 +168,10 @@ pub(crate) const MIN_SPLIT_KICK_NS: u128 = 50_000;
 
 /// Kernel runs the estimate is the median of.
 const RATIOS: usize = 31;
+/// A kernel run more than this many times slower per instruction than the estimate does not
+/// calibrate (it held user code).
+const MAX_CALIBRATION_FACTOR: u64 = 2;
+
 /// A kernel run with fewer emulated instructions does not calibrate.
 const MIN_CALIBRATION_INSNS: u64 = 1000;
 
@@ -210,8 +216,13 @@ impl CplSplit {
     /// [user, kernel] nanoseconds of a run of `ns` in which `insns` instructions were
     /// emulated; a kernel run (`calibrates`) also updates the time per instruction.
     fn split(&mut self, ns: u128, insns: u64, calibrates: bool) -> [u128; 2] {
-        if calibrates && insns >= MIN_CALIBRATION_INSNS {
-            let ps = (ns * 1000 / u128::from(insns)).min(u128::from(u64::MAX)) as u64;
+        let ps = (ns * 1000 / u128::from(insns.max(1))).min(u128::from(u64::MAX)) as u64;
+        // A kernel run far slower per instruction than the estimate held user code (the kernel
+        // returned to user space and a tick brought it back before its next exit): it does not
+        // calibrate, or a workload whose only exits are the kernel's (a PMU access at every
+        // tick) would soon be all "kernel".
+        let plausible = ps <= MAX_CALIBRATION_FACTOR * self.ps_per_insn;
+        if calibrates && insns >= MIN_CALIBRATION_INSNS && plausible {
             self.ratios[self.next] = ps;
             self.next = (self.next + 1) % RATIOS;
             let mut sorted = self.ratios;
@@ -276,6 +287,12 @@ mod tests {
         assert_eq!(s.ps_per_insn, 1_200_000);
         // Small kernel runs do not calibrate.
         s.split(1_000_000_000, 10, true);
+        assert_eq!(s.ps_per_insn, 1_200_000);
+        // Kernel runs that held user code (2.5 µs per instruction and more), however many, do
+        // not move the estimate: their user time stays user time.
+        for _ in 0..3 * RATIOS {
+            assert_eq!(s.split(9_000_000, 3000, true), [5_400_000, 3_600_000]);
+        }
         assert_eq!(s.ps_per_insn, 1_200_000);
     }
 
