@@ -213,7 +213,7 @@ fn linux_command(args: &BootArgs, kernel: &[u8]) -> ExitCode {
     let shape = vpmu_machine::Shape::from(args.pmu);
     let source = args.source.unwrap_or(SourceArg::Timed).into();
     let timeout = Duration::from_secs(args.timeout);
-    let run = match linux::run(&kvm, shape, source, kernel, &options, timeout) {
+    let run = match linux::run(&kvm, shape, source, kernel, options, timeout) {
         Ok(run) => run,
         Err(e) => {
             eprintln!("vpmu boot: {e}");

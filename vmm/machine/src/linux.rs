@@ -443,26 +443,25 @@ pub fn run(
     shape: Shape,
     source: Source,
     kernel: &[u8],
-    options: &LinuxOptions,
+    mut options: LinuxOptions,
     timeout: Duration,
 ) -> Result<LinuxRun> {
     let base = crate::kvm::supported_cpuid(kvm)?;
     with_personality!(shape, source, |p| {
-        let (quirks, cmdline) = quirks_for(kvm, &p, &base, options)?;
-        let options = LinuxOptions {
-            cmdline: cmdline.clone(),
-            ..options.clone()
-        };
+        let (quirks, cmdline) = quirks_for(kvm, &p, &base, &options)?;
+        // The command line is replaced, not the options copied (an initrd may be tens of MB).
+        options.cmdline = cmdline;
         let mut machine = Machine::boot_linux(kvm, p, &base, kernel, &options)?;
         machine.quirks = quirks.clone();
         let result = machine.run(timeout).pop().unwrap_or_default();
         Ok(LinuxRun {
             result,
             quirks,
-            cmdline,
+            cmdline: options.cmdline,
         })
     })
 }
+
 /// The quirks of this host for a guest of `personality`, and the command line with their
 /// kernel parameters appended.
 fn quirks_for<P: Personality>(
