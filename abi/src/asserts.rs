@@ -7,7 +7,7 @@ use core::mem::{align_of, offset_of, size_of};
 use static_assertions::{const_assert, const_assert_eq};
 
 use crate::ops::{CoverageParams, Params, Version};
-use crate::page::{Header, Identity, Page, Regs, SampleInfo};
+use crate::page::{FlushRefusal, Header, Identity, Page, Regs, SampleInfo};
 use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
 
 const_assert_eq!(size_of::<Page>(), crate::XENPMU_PAGE_SIZE);
@@ -96,10 +96,16 @@ const_assert_eq!(offset_of!(Page, lapic_lvtpc), 40);
 const_assert_eq!(offset_of!(Page, _pad0), 44);
 const_assert_eq!(offset_of!(Page, regs), 48);
 const_assert_eq!(offset_of!(Page, dropped_samples), 216);
-const_assert_eq!(offset_of!(Page, _reserved0), 224);
+const_assert_eq!(offset_of!(Page, flush_refusal), 224);
+const_assert_eq!(offset_of!(Page, _reserved0), 240);
 const_assert_eq!(offset_of!(Page, vendor), 256);
 const_assert_eq!(offset_of!(Page, sample), 1280);
 const_assert_eq!(offset_of!(Page, _reserved1), 1864);
+
+const_assert_eq!(size_of::<FlushRefusal>(), 16);
+const_assert_eq!(offset_of!(FlushRefusal, msr), 0);
+const_assert_eq!(offset_of!(FlushRefusal, reason), 4);
+const_assert_eq!(offset_of!(FlushRefusal, value), 8);
 
 const_assert_eq!(size_of::<SampleInfo>(), 584);
 const_assert_eq!(offset_of!(SampleInfo, tsc), 0);

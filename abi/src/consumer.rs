@@ -8,9 +8,10 @@ use zerocopy::FromBytes;
 
 use crate::error::AbiError;
 use crate::page::{
-    Header, Identity, Page, Regs, SampleInfo, XENPMU_DEFINED_SIZE_1_0, XENPMU_DEFINED_SIZE_1_2,
-    XENPMU_FLAG_CACHED, XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED,
-    XENPMU_MAGIC, XENPMU_PAGE_SIZE, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL, XENPMU_VERSION_MAJOR,
+    FlushRefusal, Header, Identity, Page, Regs, SampleInfo, XENPMU_DEFINED_SIZE_1_0,
+    XENPMU_DEFINED_SIZE_1_2, XENPMU_FLAG_CACHED, XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER,
+    XENPMU_LVTPC_MASKED, XENPMU_MAGIC, XENPMU_PAGE_SIZE, XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL,
+    XENPMU_VERSION_MAJOR,
 };
 use crate::vendor::{AmdBanks, AmdCtxt, CounterPair, IntelBanks, IntelCtxt, VendorArea};
 
@@ -101,6 +102,14 @@ impl<'a> PageView<'a> {
     /// `XENPMU_DEFINED_SIZE_1_2`); `None` for a page of an older minor.
     pub fn sample_info(&self) -> Option<SampleInfo> {
         (self.page.header.defined_size >= XENPMU_DEFINED_SIZE_1_2).then_some(self.page.sample)
+    }
+
+    /// Which register the last refused flush refused, and why (version 1.3), if the page's
+    /// writer defines the report (`version_minor` at least 3; in older pages these bytes are
+    /// reserved); read it after a flush failed with `-EIO`. A `reason` of
+    /// `XENPMU_REFUSED_NONE` means no register was refused.
+    pub fn flush_refusal(&self) -> Option<FlushRefusal> {
+        (self.page.header.version_minor >= 3).then_some(self.page.flush_refusal)
     }
 
     /// Samples dropped because the previous one was still cached, since init.

@@ -1,5 +1,23 @@
 //! Errors of the page helpers. None of them panics; every check returns one of these.
 
+/// `AbiError::code`: the page is not one aligned page (Rust's `PageView::from_bytes` only).
+pub const XENPMU_CHECK_NOT_A_PAGE: u32 = 1;
+/// `AbiError::code`: `magic` is not `XENPMU_MAGIC`.
+pub const XENPMU_CHECK_BAD_MAGIC: u32 = 2;
+/// `AbiError::code`: `version_major` is not `XENPMU_VERSION_MAJOR`.
+pub const XENPMU_CHECK_MAJOR_MISMATCH: u32 = 3;
+/// `AbiError::code`: `defined_size` below 1280, above 4096 or not a multiple of 8.
+pub const XENPMU_CHECK_DEFINED_SIZE: u32 = 4;
+/// `AbiError::code`: the page holds another vendor's context (or none).
+pub const XENPMU_CHECK_WRONG_VENDOR: u32 = 5;
+/// `AbiError::code`: a bank lies outside the vendor area, inside its fixed part, or is
+/// misaligned.
+pub const XENPMU_CHECK_BANK_OUT_OF_BOUNDS: u32 = 6;
+/// `AbiError::code`: the two banks of a context overlap.
+pub const XENPMU_CHECK_BANKS_OVERLAP: u32 = 7;
+/// `AbiError::code`: a bank index at or beyond the bank's count.
+pub const XENPMU_CHECK_INDEX_OUT_OF_RANGE: u32 = 8;
+
 /// Why a page, or an access into it, was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AbiError {
@@ -52,6 +70,23 @@ pub enum AbiError {
         /// The bank's count.
         count: usize,
     },
+}
+
+impl AbiError {
+    /// The `XENPMU_CHECK_*` code of this error: the value the C helpers'
+    /// `xenpmu_*_verdict()` functions return for the same page.
+    pub fn code(&self) -> u32 {
+        match self {
+            AbiError::NotAPage { .. } => XENPMU_CHECK_NOT_A_PAGE,
+            AbiError::BadMagic { .. } => XENPMU_CHECK_BAD_MAGIC,
+            AbiError::MajorMismatch { .. } => XENPMU_CHECK_MAJOR_MISMATCH,
+            AbiError::DefinedSizeInvalid { .. } => XENPMU_CHECK_DEFINED_SIZE,
+            AbiError::WrongVendor { .. } => XENPMU_CHECK_WRONG_VENDOR,
+            AbiError::BankOutOfBounds { .. } => XENPMU_CHECK_BANK_OUT_OF_BOUNDS,
+            AbiError::BanksOverlap => XENPMU_CHECK_BANKS_OVERLAP,
+            AbiError::IndexOutOfRange { .. } => XENPMU_CHECK_INDEX_OUT_OF_RANGE,
+        }
+    }
 }
 
 impl core::fmt::Display for AbiError {

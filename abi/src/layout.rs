@@ -9,7 +9,7 @@
 use core::mem::{offset_of, size_of};
 
 use crate::ops::{CoverageParams, Params, Version};
-use crate::page::{Header, Identity, Page, Regs, SampleInfo};
+use crate::page::{FlushRefusal, Header, Identity, Page, Regs, SampleInfo};
 use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
 
 /// One field of an ABI struct.
@@ -85,6 +85,7 @@ pub const STRUCTS: &[StructLayout] = &[
             tsc, tsc_khz, sequence, overflowed, chain_len, chain_end, callchain, _reserved0
         ]
     ),
+    struct_layout!(FlushRefusal, "xenpmu_flush_refusal", [msr, reason, value]),
     struct_layout!(CounterPair, "xenpmu_counter_pair", [counter, control]),
     struct_layout!(
         IntelCtxt,
@@ -126,6 +127,7 @@ pub const STRUCTS: &[StructLayout] = &[
             _pad0,
             regs,
             dropped_samples,
+            flush_refusal,
             _reserved0,
             vendor,
             sample,

@@ -29,11 +29,12 @@ pub mod error;
 pub mod layout;
 pub mod ops;
 pub mod page;
+pub mod transport;
 pub mod vendor;
 pub mod writer;
 
 pub use consumer::{AmdView, IntelView, PageView, PageViewMut};
-pub use error::AbiError;
+pub use error::*;
 pub use ops::*;
 pub use page::*;
 pub use vendor::*;

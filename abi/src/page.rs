@@ -23,8 +23,9 @@ pub const XENPMU_VERSION_MAJOR: u16 = 1;
 /// Minor version. A newer minor only gives meaning to bytes that older minors defined as
 /// reserved (always written as zero), so an older consumer can read a newer page unchanged,
 /// or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; 1.2 added the sample details
-/// (`Page::sample`: timestamp, sequence number, overflowed counters, call chain).
-pub const XENPMU_VERSION_MINOR: u16 = 2;
+/// (`Page::sample`: timestamp, sequence number, overflowed counters, call chain); 1.3 added
+/// the flush refusal report (`Page::flush_refusal`) in bytes 1.2 reserved.
+pub const XENPMU_VERSION_MINOR: u16 = 3;
 
 /// Size in bytes of the part of the page that version 1.0 defines (header through the vendor
 /// area). The hypervisor writes the size of the part *its* minor defines into
@@ -55,6 +56,29 @@ pub const XENPMU_CHAIN_BAD_FRAME: u32 = 3;
 /// `SampleInfo::chain_end`: the walk stopped at a frame the hypervisor could not read (not
 /// mapped, or not readable, in the sampled context's address space).
 pub const XENPMU_CHAIN_UNREADABLE: u32 = 4;
+
+/// `FlushRefusal::reason`: nothing refused (an initialised page, or a hypervisor older than
+/// 1.3, which leaves the report zero).
+pub const XENPMU_REFUSED_NONE: u32 = 0;
+/// `FlushRefusal::reason`: a bit the register does not have for this guest: a reserved bit, or
+/// a bit naming a counter the PMU does not have. A WRMSR of the value would fault (#GP).
+pub const XENPMU_REFUSED_RESERVED: u32 = 1;
+/// `FlushRefusal::reason`: a counter value with bits above the counter's width, for a counter
+/// whose WRMSR faults on them (Intel fixed counters). A WRMSR of the value would fault (#GP).
+pub const XENPMU_REFUSED_WIDTH: u32 = 2;
+/// `FlushRefusal::reason`: a defined bit or value the hypervisor does not let this guest use
+/// (Intel AnyThread and PinControl, AMD HostOnly, a DS area without the BTS feature or not
+/// canonical, PEBS). A WRMSR of the value would fault (#GP).
+pub const XENPMU_REFUSED_FORBIDDEN: u32 = 3;
+/// `FlushRefusal::reason`: an enabled event that `XENPMU_FEATURE_IPC_ONLY` or
+/// `XENPMU_FEATURE_ARCH_ONLY` does not allow. A WRMSR of the value would fault (#GP).
+pub const XENPMU_REFUSED_EVENT: u32 = 4;
+/// `FlushRefusal::reason`: the global status has a bit set that the hypervisor did not set
+/// (an overflow may only be acknowledged, by clearing its bit, never invented).
+pub const XENPMU_REFUSED_STATUS: u32 = 5;
+/// `FlushRefusal::reason`: the register does not exist on this PMU (AMD global registers
+/// without PerfMonV2, a fixed counter missing from a sparse bank); its word must stay 0.
+pub const XENPMU_REFUSED_ABSENT: u32 = 6;
 
 /// `Header::vendor`: no vendor context has been set up (the page is not initialised).
 pub const XENPMU_VENDOR_NONE: u32 = 0;
@@ -259,6 +283,42 @@ impl SampleInfo {
     }
 }
 
+/// The register a refused flush refused, and why (version 1.3; all zero in pages of older
+/// minors, which define these bytes as reserved). The hypervisor writes it at each flush that
+/// fails with `-EIO` because a register of the vendor area failed verification, before it
+/// returns; it is meaningful right after such a flush and not cleared by a successful one.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
+pub struct FlushRefusal {
+    /// The MSR number a WRMSR of the refused register would name (e.g. 0x309 + i for Intel
+    /// IA32_FIXED_CTRi, 0xC001_0200 + 2i for AMD PERF_CTLi with PerfCtrExtCore, 0xC001_0000
+    /// + i without it); 0 if no register was refused.
+    pub msr: u32,
+    /// `XENPMU_REFUSED_*`: why.
+    pub reason: u32,
+    /// The refused value, as the hypervisor copied it from the vendor area.
+    pub value: u64,
+}
+
+impl FlushRefusal {
+    /// A short name of `reason` (`"reserved bit"`, `"above the counter width"`, ...), for
+    /// messages; `"unknown"` for a value this version does not define.
+    pub fn reason_name(&self) -> &'static str {
+        match self.reason {
+            XENPMU_REFUSED_NONE => "nothing refused",
+            XENPMU_REFUSED_RESERVED => "reserved bit",
+            XENPMU_REFUSED_WIDTH => "above the counter width",
+            XENPMU_REFUSED_FORBIDDEN => "forbidden bit",
+            XENPMU_REFUSED_EVENT => "event not allowed",
+            XENPMU_REFUSED_STATUS => "status bit not set by the hypervisor",
+            XENPMU_REFUSED_ABSENT => "register absent",
+            _ => "unknown",
+        }
+    }
+}
+
 /// The whole shared page.
 #[repr(C)]
 #[derive(Clone, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -279,8 +339,11 @@ pub struct Page {
     /// Samples for this page that the hypervisor dropped because the previous one was still
     /// cached, counted since init (hypervisor-written; read-only for the guest).
     pub dropped_samples: u64,
+    /// Which register the last refused flush refused, and why (version 1.3; hypervisor-written
+    /// at each flush that fails with `-EIO`, read-only for the guest).
+    pub flush_refusal: FlushRefusal,
     /// Reserved, zero; a later minor version may define it.
-    pub _reserved0: [u8; 32],
+    pub _reserved0: [u8; 16],
     /// Vendor counter context (`IntelCtxt` or `AmdCtxt` and their banks, per `Header::vendor`).
     pub vendor: VendorArea,
     /// Details of the sample (version 1.2: read only if `Header::defined_size` is at least

@@ -7,10 +7,10 @@
 use zerocopy::IntoBytes;
 
 use crate::page::{
-    Header, Identity, Page, Regs, SampleInfo, XENPMU_CALLCHAIN_MAX, XENPMU_DEFINED_SIZE_1_2,
-    XENPMU_FLAG_CACHED, XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, XENPMU_LVTPC_MASKED,
-    XENPMU_MAGIC, XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER, XENPMU_VENDOR_AMD,
-    XENPMU_VENDOR_INTEL, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
+    FlushRefusal, Header, Identity, Page, Regs, SampleInfo, XENPMU_CALLCHAIN_MAX,
+    XENPMU_DEFINED_SIZE_1_2, XENPMU_FLAG_CACHED, XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER,
+    XENPMU_LVTPC_MASKED, XENPMU_MAGIC, XENPMU_REGS_MODE_REAL, XENPMU_REGS_MODE_USER,
+    XENPMU_VENDOR_AMD, XENPMU_VENDOR_INTEL, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
 };
 use crate::vendor::{AmdBanks, AmdCtxt, IntelBanks, IntelCtxt, VendorArea};
 
@@ -72,6 +72,12 @@ pub fn init_page(page: &mut Page, layout: &VendorLayout) {
             page.vendor.set_amd_ctxt(&ctxt);
         }
     }
+}
+
+/// Records in the page which register a flush refused and why (version 1.3): written at each
+/// flush that fails verification, before the operation returns `-EIO`.
+pub fn set_flush_refusal(page: &mut Page, refusal: FlushRefusal) {
+    page.flush_refusal = refusal;
 }
 
 /// The `pmu_flags` sample bits that go with `regs.mode`, so that the two never disagree.

@@ -146,6 +146,40 @@ void amd()
            static_cast<unsigned>(-XENPMU_EINVAL));
     expect("bank past the area", static_cast<unsigned>(xenpmu_bank_check(XENPMU_VENDOR_AREA_SIZE - 8, 2, 8)),
            static_cast<unsigned>(-XENPMU_EINVAL));
+
+    // The verdicts of 1.3: overlapping banks are refused, as the Rust view refuses them.
+    expect("amd verdict", xenpmu_amd_verdict(&page, &got), 0);
+    expect("bank verdict", xenpmu_bank_verdict(XENPMU_VENDOR_AREA_SIZE - 8, 2, 8),
+           XENPMU_CHECK_BANK_OUT_OF_BOUNDS);
+    expect("disjoint", xenpmu_banks_disjoint(64, 48, 112, 48), 0);
+    expect("overlap", xenpmu_banks_disjoint(64, 48, 104, 48), XENPMU_CHECK_BANKS_OVERLAP);
+    std::memcpy(&ctxt, page.vendor.words, sizeof(ctxt));
+    ctxt.ctrls = ctxt.counters + 8;
+    std::memcpy(page.vendor.words, &ctxt, sizeof(ctxt));
+    expect("overlapping banks", xenpmu_amd_verdict(&page, &got), XENPMU_CHECK_BANKS_OVERLAP);
+    expect("overlapping banks errno", static_cast<unsigned>(xenpmu_amd_counter_get(&page, 0, &value)),
+           static_cast<unsigned>(-XENPMU_EINVAL));
+}
+
+void flush_refusal()
+{
+    static xenpmu_page page;
+    header(page, XENPMU_VENDOR_INTEL, XENPMU_DEFINED_SIZE_1_2);
+    page.flush_refusal.msr = 0x309;
+    page.flush_refusal.reason = XENPMU_REFUSED_WIDTH;
+    const xenpmu_flush_refusal *refusal = xenpmu_flush_refusal_get(&page);
+    expect("1.3 page has the report", refusal != nullptr, 1);
+    if (refusal != nullptr)
+        expect("refused msr", refusal->msr, 0x309);
+    page.header.version_minor = 2;
+    expect("1.2 page has no report", xenpmu_flush_refusal_get(&page) == nullptr, 1);
+    expect("page verdict", xenpmu_page_verdict(&page), 0);
+    page.header.version_major = 2;
+    expect("major verdict", xenpmu_page_verdict(&page), XENPMU_CHECK_MAJOR_MISMATCH);
+    expect("major errno", static_cast<unsigned>(xenpmu_verdict_errno(XENPMU_CHECK_MAJOR_MISMATCH)),
+           static_cast<unsigned>(-XENPMU_EPROTONOSUPPORT));
+    xenpmu_intel_ctxt ctxt;
+    expect("intel verdict of another major", xenpmu_intel_verdict(&page, &ctxt), XENPMU_CHECK_MAJOR_MISMATCH);
 }
 
 } // namespace
@@ -158,6 +192,7 @@ int main()
     sample_details();
     intel();
     amd();
+    flush_refusal();
     if (failures != 0)
         return 1;
     std::puts("ok");
