@@ -37,11 +37,13 @@ impl Driver {
                     .expect("a non-counter bit");
                 match pick % 8 {
                     0 => {
-                        let index = (bit % gp) as usize;
-                        let mut pair = banks.pair(area, index).expect("gp");
-                        pair.counter |= 1 << (48 + bit % 16);
-                        banks.set_pair(area, index, pair).expect("gp");
-                        "counter above the width"
+                        // A GP counter takes any value (as IA32_PMCx does); a fixed counter
+                        // refuses bits above its width.
+                        let index = fixed.trailing_zeros() as usize;
+                        let value = banks.fixed_counter(area, index).expect("fixed");
+                        let value = value | 1 << (48 + bit % 16);
+                        banks.set_fixed_counter(area, index, value).expect("fixed");
+                        "fixed counter above the width"
                     }
                     1 => {
                         let index = (bit % gp) as usize;
@@ -83,10 +85,12 @@ impl Driver {
                 let index = (bit % counters) as usize;
                 match pick % 4 {
                     0 => {
-                        let value = banks.counter(area, index).expect("bank");
-                        let value = value | 1 << (48 + bit % 16);
-                        banks.set_counter(area, index, value).expect("bank");
-                        "counter above 48 bits"
+                        // Counters take any value (bits above 47 dropped, as WRMSR does): a
+                        // reserved control bit of the upper half instead.
+                        let value = banks.ctrl(area, index).expect("bank");
+                        let value = value | 1 << (42 + bit % 22);
+                        banks.set_ctrl(area, index, value).expect("bank");
+                        "ctrl reserved bit 63:42"
                     }
                     1 => {
                         // Reserved: 63:42, 39:36, 21, 19; HostOnly (41) for a guest.

@@ -173,7 +173,12 @@ impl<V: SimVendor> Machine<V> {
         let domains = (0..vcpu_counts.len() as u32)
             .map(|domain| {
                 (0..vcpu_counts[domain as usize])
-                    .map(|vcpu| RefCell::new(vpmu.new_vcpu(VcpuId { domain, vcpu })))
+                    .map(|vcpu| {
+                        RefCell::new(
+                            vpmu.new_vcpu(VcpuId { domain, vcpu })
+                                .expect("domain ids below the reserved range"),
+                        )
+                    })
                     .collect()
             })
             .collect();

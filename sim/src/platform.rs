@@ -4,11 +4,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use vpmu::abi::{Page, Regs, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_HYPERVISOR};
+use vpmu::abi::{Page, Regs, XENPMU_PAGE_SIZE, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_HYPERVISOR};
 use vpmu::{
     AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, Interruption, LvtpcDelivery,
     MapError, PageSlot, Platform, RawEvent, SampledContext, VcpuId,
 };
+
+use zerocopy::IntoBytes;
 
 use crate::workload::stack_words;
 
@@ -94,6 +96,9 @@ pub struct SimPlatform {
     pub stacks: BTreeMap<u32, BTreeMap<u64, u64>>,
     /// The simulated TSC: advances by one at every reading.
     pub clock: u64,
+    /// Every range the core asked `write_guest` to write (caller, guest-physical address,
+    /// length), written or refused.
+    pub guest_writes: Vec<(VcpuId, u64, usize)>,
 }
 
 impl SimPlatform {
@@ -148,6 +153,7 @@ impl SimPlatform {
             resume_regs: BTreeMap::new(),
             stacks,
             clock: 0,
+            guest_writes: Vec::new(),
         }
     }
 
@@ -328,6 +334,39 @@ impl Platform for SimPlatform {
 
     fn interruption(&self, pcpu: u32) -> Interruption {
         self.interrupted[pcpu as usize].interruption()
+    }
+
+    /// Guest-physical address `gfn << 12 | offset` is byte `offset` of frame `gfn` of the
+    /// caller's domain; all of `data` must land in its frames, or nothing is written.
+    fn write_guest(&mut self, caller: VcpuId, address: u64, data: &[u8]) -> bool {
+        self.guest_writes.push((caller, address, data.len()));
+        let Some(end) = address.checked_add(data.len() as u64) else {
+            return false;
+        };
+        if data.is_empty() {
+            return true;
+        }
+        let frames = (address >> 12)..=((end - 1) >> 12);
+        if !frames
+            .clone()
+            .all(|gfn| self.memory.contains_key(&(caller.domain, gfn)))
+        {
+            return false;
+        }
+        let mut at = address;
+        let mut rest = data;
+        for gfn in frames {
+            let page = self
+                .memory
+                .get_mut(&(caller.domain, gfn))
+                .expect("checked above");
+            let offset = (at & 0xfff) as usize;
+            let take = (XENPMU_PAGE_SIZE - offset).min(rest.len());
+            page.as_mut_bytes()[offset..offset + take].copy_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            at += take as u64;
+        }
+        true
     }
 
     fn diagnostic(&mut self, diagnostic: Diagnostic) {

@@ -1,7 +1,8 @@
 //! A corrupted shared page at flush: a guest (or, in all mode, the privileged profiler) takes a
 //! sample, overwrites its page's vendor area, and flushes. The flush must fail with `-EIO`
-//! and change nothing at all — no register of any model, no core state (the vCPU stays cached,
-//! the physical LVTPC masked), no byte of any page; restoring the area then flushes fine, and
+//! and change nothing but the page's report of the refused register (version 1.3) — no
+//! register of any model, no core state (the vCPU stays cached, the physical LVTPC masked), no
+//! other byte of any page; restoring the area then flushes fine, and
 //! the run goes on with every counter still matching the ground truth.
 //!
 //! Corruptions: one bit each vendor's rules certainly refuse (a reserved or forbidden control
@@ -14,7 +15,9 @@
 
 use proptest::prelude::*;
 use vpmu::abi::ops::{OpError, Params};
-use vpmu::abi::{PageView, VendorArea, XENPMU_MODE_ALL, XENPMU_MODE_SELF, XENPMU_OP_FLUSH};
+use vpmu::abi::{
+    PageView, VendorArea, XENPMU_MODE_ALL, XENPMU_MODE_SELF, XENPMU_OP_FLUSH, XENPMU_REFUSED_NONE,
+};
 use vpmu::{Diagnostic, VcpuState};
 use vpmu_sim::world::Pending;
 use vpmu_sim::{
@@ -171,6 +174,15 @@ fn check<V: SimVendor>(vendor: V, mode: u64, corruption: &Corruption) -> Result<
     for _ in 0..2 {
         let result = world.m.op(id, XENPMU_OP_FLUSH, &Params::new(0, 0));
         prop_assert_eq!(result, Err(OpError::InvalidContext));
+        // The one write a refused flush makes: the report of the refused register (1.3),
+        // which the owner reads and clears here, so that nothing else may differ.
+        let frame = world.m.platform.frame_mut(id.domain, gfn);
+        let refusal = core::mem::take(&mut frame.flush_refusal);
+        prop_assert!(
+            refusal.msr != 0 && refusal.reason != XENPMU_REFUSED_NONE,
+            "the refused register is reported in the page: {:?}",
+            refusal
+        );
         prop_assert_eq!(
             &before,
             &Snapshot::take(&world.m),

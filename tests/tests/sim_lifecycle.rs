@@ -12,20 +12,13 @@ use vpmu::abi::{
 use vpmu::{MsrOutcome, PmiOutcome, VcpuId, VcpuState};
 use vpmu_models::SoftwarePmu;
 use vpmu_sim::helpers::{counting, sampling};
-use vpmu_sim::{Machine, SimVendor, amd_legacy, amd_v2, guest_frame, intel_v2, intel_v5};
+use vpmu_sim::{Machine, SimVendor, guest_frame};
 
 const P: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };
 const B: VcpuId = VcpuId { domain: 1, vcpu: 1 };
 
-macro_rules! for_each_vendor {
-    ($check:ident) => {
-        $check(intel_v5());
-        $check(intel_v2());
-        $check(amd_v2());
-        $check(amd_legacy());
-    };
-}
+use vpmu_tests::for_each_vendor;
 
 fn op(m: &mut Machine<impl SimVendor>, caller: VcpuId, op: u32, val: u64) -> Result<(), OpError> {
     m.op(caller, op, &Params::new(val, caller.vcpu)).map(|_| ())

@@ -126,13 +126,13 @@ fn coverage_built_in() -> bool {
     })
 }
 
-/// XENPMU_OP_COVERAGE (docs/abi.md): not built in → -EOPNOTSUPP for everyone; else version,
-/// privilege, then the sub-operation (`_pad0`) with `val` (buffer) and `vcpu` (size). The
-/// matrix never reads (its sub-operations are 0 = get_size and 0xdead), so the core's state
-/// and the vPMU availability do not matter.
-fn coverage_oracle(privileged: bool, p: &Params) -> Result<(), OpError> {
+/// XENPMU_OP_COVERAGE (docs/abi.md): no vPMU at all, or not built in → -EOPNOTSUPP for
+/// everyone (step 1); else version, privilege, then the sub-operation (`_pad0`) with `val`
+/// (buffer) and `vcpu` (size). The matrix never reads (its sub-operations are 0 = get_size and
+/// 0xdead), so the core's state beyond its availability does not matter.
+fn coverage_oracle(state: State, privileged: bool, p: &Params) -> Result<(), OpError> {
     use OpError::*;
-    if !coverage_built_in() {
+    if state == State::Unavailable || !coverage_built_in() {
         return Err(NotSupported);
     }
     if p.version.major != u32::from(XENPMU_VERSION_MAJOR) {
@@ -158,7 +158,7 @@ fn oracle<V: SimVendor>(
 ) -> Result<(), OpError> {
     use OpError::*;
     if op == XENPMU_OP_COVERAGE {
-        return coverage_oracle(caller == PRIVILEGED, p);
+        return coverage_oracle(state, caller == PRIVILEGED, p);
     }
     // 1. Operation known, vPMU present.
     if op > XENPMU_OP_FLUSH || state == State::Unavailable {

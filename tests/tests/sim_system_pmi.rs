@@ -4,9 +4,9 @@
 //! (here, a sample still cached) only collects the overflow, and one whose save finds nothing
 //! due restarts them where they stopped. Every vendor shape, K7 (no status register) included.
 
-use vpmu::{MsrBus, PmiOutcome, SystemContext, VcpuId, VcpuState};
+use vpmu::{PmiOutcome, SystemContext, VcpuId, VcpuState};
 use vpmu_sim::helpers::{counting, sampling};
-use vpmu_sim::{Machine, SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
+use vpmu_sim::{Machine, SimVendor};
 
 use vpmu::abi::XENPMU_MODE_ALL;
 
@@ -14,23 +14,7 @@ const P: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };
 const B: VcpuId = VcpuId { domain: 1, vcpu: 1 };
 
-macro_rules! for_each_vendor {
-    ($check:ident) => {
-        $check(intel_v5());
-        $check(intel_v2());
-        $check(amd_v2());
-        $check(amd_legacy());
-    };
-}
-
-/// Counter `ctr` of `pcpu` as the hardware holds it now.
-fn hw_counter<V: SimVendor>(m: &mut Machine<V>, pcpu: u32, ctr: u32) -> u64 {
-    let msr = m.vendor.driver().read_counter(ctr);
-    m.pcpus[pcpu as usize]
-        .hw_mut()
-        .read(vpmu::Msr(msr))
-        .expect("a present counter")
-}
+use vpmu_tests::{for_each_vendor, hw_counter};
 
 /// The core's PMI handler on `pcpu`, called as an interrupt that found nothing (another
 /// source shares the vector, or the overflow was already collected).

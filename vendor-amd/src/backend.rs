@@ -1,7 +1,7 @@
 //! The AMD [`PmuBackend`]: MSR emulation, save/load, and overflow detection.
 
 use raw_cpuid::CpuIdReader;
-use vpmu::abi::{AmdBanks, VendorArea, VendorLayout};
+use vpmu::abi::{AmdBanks, VendorArea, VendorLayout, XENPMU_REFUSED_RESERVED};
 use vpmu::bank::{self, BankMap, HwRecord, SaveControls, StatusMsrs};
 use vpmu::{
     ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
@@ -173,6 +173,7 @@ impl AmdPmu {
         Ok(())
     }
 
+    #[inline(always)]
     fn write_control<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
@@ -181,8 +182,9 @@ impl AmdPmu {
         control: policy::Control,
     ) -> Result<(), MsrFault> {
         let i = index as usize;
-        let previous = ctx.control(index).unwrap_or(0);
-        if previous & ctl::INT == 0 && control.guest & ctl::INT != 0 {
+        // The interrupt enable this write turns on (the new value's bit tested first: most
+        // writes have none to turn on).
+        if control.guest & ctl::INT != 0 && ctx.control(index).unwrap_or(0) & ctl::INT == 0 {
             self.retire_silent_overflow(ctx, hw.as_deref_mut(), index)?;
         }
         let starts = control.hardware & ctl::EN != 0;
@@ -265,7 +267,45 @@ impl AmdPmu {
         Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
     }
 
-    /// `write_register` of a present register that is not a counter value.
+    /// A guest write of PERF_CTL `index`, validated by [`policy::control`] (its one owner).
+    #[inline(always)]
+    fn write_control_checked<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: Option<&mut B>,
+        guest_policy: &GuestPolicy<'_>,
+        index: u32,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let Ok(control) = policy::control(value, guest_policy) else {
+            return Ok(MsrOutcome::GeneralProtection);
+        };
+        self.write_control(ctx, hw, index, control)?;
+        Ok(MsrOutcome::Handled(()))
+    }
+
+    /// A guest write of PerfCntrGlobalCtl: written through only if it changes what the
+    /// hardware holds (the context's value while loaded with a counter in use).
+    #[inline(never)]
+    fn write_global_ctl<B: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: Option<&mut B>,
+        value: u64,
+    ) -> Result<MsrOutcome<()>, MsrFault> {
+        let Ok(value) = policy::global_ctl(value, self.present.0) else {
+            return Ok(MsrOutcome::GeneralProtection);
+        };
+        if let Some(hw) = hw {
+            if !ctx.in_use.is_empty() && value != ctx.global_ctl {
+                hw.write(Msr(GLOBAL_CTL), value)?;
+            }
+        }
+        ctx.global_ctl = value;
+        Ok(MsrOutcome::Handled(()))
+    }
+
+    /// `write_register` of a present register that is none of those it dispatches itself.
     #[inline(never)]
     fn write_control_register<B: MsrBus>(
         &self,
@@ -275,25 +315,17 @@ impl AmdPmu {
         register: Register,
         value: u64,
     ) -> Result<MsrOutcome<()>, MsrFault> {
-        let mask = self.caps.counter_mask();
+        // The counter mask, precomputed at enumeration (`present`).
+        let mask = self.present.0;
         match register {
-            Register::Counter(index) => self.write_counter_value(ctx, hw, index, value)?,
-            Register::Control(index) => {
-                let Ok(control) = policy::control(value, guest_policy) else {
-                    return Ok(MsrOutcome::GeneralProtection);
-                };
-                self.write_control(ctx, hw, index, control)?;
-            }
-            Register::GlobalCtl => {
-                let Ok(value) = policy::global_ctl(value, mask) else {
-                    return Ok(MsrOutcome::GeneralProtection);
-                };
-                if let Some(hw) = hw {
-                    if !ctx.in_use.is_empty() && value != ctx.global_ctl {
-                        hw.write(Msr(GLOBAL_CTL), value)?;
-                    }
-                }
-                ctx.global_ctl = value;
+            Register::Counter(_) | Register::Control(_) | Register::GlobalCtl => {
+                return self.write_register(
+                    ctx,
+                    hw,
+                    guest_policy,
+                    Lookup::Present(register),
+                    value,
+                );
             }
             // Read-only. KVM ignores the write (AMD's "writes to read-only MSRs are ignored");
             // faulting tells a confused guest at once and leaves nothing half-done.
@@ -385,7 +417,7 @@ impl PmuBackend for AmdPmu {
         Ok(value.map_or(MsrOutcome::GeneralProtection, MsrOutcome::Handled))
     }
 
-    #[inline]
+    #[inline(always)]
     fn write_register<B: MsrBus>(
         &self,
         ctx: &mut AmdContext,
@@ -398,12 +430,19 @@ impl PmuBackend for AmdPmu {
             return Ok(MsrOutcome::GeneralProtection);
         };
         // Counter values, the most frequent writes, stay in the caller's frame; every other
-        // register is emulated out of line.
-        let Register::Counter(index) = register else {
-            return self.write_control_register(ctx, hw, guest_policy, register, value);
-        };
-        self.write_counter_value(ctx, hw, index, value)?;
-        Ok(MsrOutcome::Handled(()))
+        // register is emulated out of line, one function each for the frequent controls, so
+        // that a write takes one dispatch (this match) and one call.
+        match register {
+            Register::Counter(index) => {
+                self.write_counter_value(ctx, hw, index, value)?;
+                Ok(MsrOutcome::Handled(()))
+            }
+            Register::Control(index) => {
+                self.write_control_checked(ctx, hw, guest_policy, index, value)
+            }
+            Register::GlobalCtl => self.write_global_ctl(ctx, hw, value),
+            _ => self.write_control_register(ctx, hw, guest_policy, register, value),
+        }
     }
 
     /// Stops and reads back the counters in use. PerfMonV2: GlobalCtl ← 0 (one write stops
@@ -513,11 +552,17 @@ impl PmuBackend for AmdPmu {
         let controls = ctx.guest_ctl.iter().zip(&mut ctx.hw_ctl);
         for (index, (&guest, hardware)) in (0..self.caps.gp_counters()).zip(controls) {
             let control = policy::restricted_control(guest, guest_policy).unwrap_or_else(|c| {
-                first = first.or(Some(ContextError {
-                    register: "ctrl",
-                    index: Some(index),
-                    value: guest,
-                }));
+                first = first.or_else(|| {
+                    Some(ContextError {
+                        register: "ctrl",
+                        index: Some(index),
+                        value: guest,
+                        msr: self.caps.control_msr(index).0,
+                        reason: policy::control(guest, guest_policy)
+                            .err()
+                            .map_or(XENPMU_REFUSED_RESERVED, |policy::Refused(r)| r),
+                    })
+                });
                 c
             });
             *hardware = control.hardware;

@@ -66,6 +66,11 @@ pub enum Lookup {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AmdCaps {
     shape: PmuShape,
+    // What the shape implies, worked out once at enumeration: every intercept's decode
+    // (`lookup`) asks it.
+    gp_counters: u32,
+    ext_core: bool,
+    perfmon_v2: bool,
 }
 
 impl AmdCaps {
@@ -79,7 +84,17 @@ impl AmdCaps {
             },
             other => other,
         };
-        Ok(Self { shape })
+        let (gp_counters, ext_core, perfmon_v2) = match shape {
+            PmuShape::LegacyK7 => (K7_COUNTERS, false, false),
+            PmuShape::PerfCtrExtCore => (MAX_COUNTERS, true, false),
+            PmuShape::PerfMonV2 { counters } => (u32::from(counters), true, true),
+        };
+        Ok(Self {
+            shape,
+            gp_counters,
+            ext_core,
+            perfmon_v2,
+        })
     }
 
     /// Enumerates through `reader` (raw-cpuid's `CpuIdReader`: the native CPUID, a closure, a
@@ -115,11 +130,7 @@ impl AmdCaps {
 
     /// Number of core counters (the general-purpose counters of [`PmuCapabilities`]).
     pub fn gp_counters(&self) -> u32 {
-        match self.shape {
-            PmuShape::LegacyK7 => K7_COUNTERS,
-            PmuShape::PerfCtrExtCore => MAX_COUNTERS,
-            PmuShape::PerfMonV2 { counters } => u32::from(counters),
-        }
+        self.gp_counters
     }
 
     /// Bits `0..counters`: the counters in the global index space, and the defined bits of
@@ -135,12 +146,12 @@ impl AmdCaps {
 
     /// Whether the interleaved PerfCtrExtCore MSRs exist.
     pub fn has_ext_core(&self) -> bool {
-        !matches!(self.shape, PmuShape::LegacyK7)
+        self.ext_core
     }
 
     /// Whether the PerfMonV2 global MSRs exist.
     pub fn has_perfmon_v2(&self) -> bool {
-        matches!(self.shape, PmuShape::PerfMonV2 { .. })
+        self.perfmon_v2
     }
 
     /// The vendor-neutral summary the core works with.

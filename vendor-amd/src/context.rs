@@ -2,13 +2,15 @@
 
 use core::mem::offset_of;
 
-use vpmu::abi::{AbiError, AmdBanks, AmdCtxt, VendorArea};
+use vpmu::abi::{
+    AbiError, AmdBanks, AmdCtxt, VendorArea, XENPMU_REFUSED_ABSENT, XENPMU_REFUSED_RESERVED,
+};
 use vpmu::bank::CounterBanks;
-use vpmu::{ContextError, CounterSet, GuestPolicy, Indices, PublishedImages};
+use vpmu::{ContextError, CounterSet, GuestPolicy, Indices, Msr, PublishedImages};
 
 use crate::caps::AmdCaps;
-use crate::msrs::{COUNTER_TOP_BIT, MAX_COUNTERS, ctl};
-use crate::policy::{self, Control};
+use crate::msrs::{COUNTER_TOP_BIT, GLOBAL_CTL, GLOBAL_STATUS, MAX_COUNTERS, ctl};
+use crate::policy::{self, Control, Refused};
 
 const N: usize = MAX_COUNTERS as usize;
 /// The indices with a slot, as a bitmap.
@@ -98,16 +100,19 @@ impl AmdContext {
     /// The counters of `set` whose hardware control has EN: after a save, with `set` the
     /// counters in use, what [`AmdContext::enabled_on_hardware`] gives (a control with EN
     /// puts its counter in use, and `in_use` only grows while loaded).
+    #[inline(always)]
     pub(crate) fn enabled_within(&self, set: CounterSet) -> CounterSet {
-        let mut enabled = 0u64;
         // Within the slots (no counter outside them is ever in use), so that the compiler sees
-        // every index in range.
-        for index in Indices(set.gp_bits() & SLOT_BITS) {
-            if self.hw_ctl[index as usize] & ctl::EN != 0 {
-                enabled |= CounterSet::gp(index).0;
+        // every index in range. Every counter starts enabled and the few without EN (a
+        // counter the guest stopped since the load) leave, out of line: the loop is a test
+        // and a branch not taken per counter.
+        let mut enabled = set.gp_bits() & SLOT_BITS;
+        for index in Indices(enabled) {
+            if self.hw_ctl[index as usize] & ctl::EN == 0 {
+                enabled = without(enabled, index);
             }
         }
-        let enabled = CounterSet(enabled);
+        let enabled = CounterSet(u64::from(enabled));
         debug_assert_eq!(enabled, self.enabled_on_hardware(), "EN outside in_use");
         enabled
     }
@@ -149,8 +154,11 @@ impl AmdContext {
     /// taken as it is.
     ///
     /// The banks are read in one straight pass over whole slots; the counters are judged as a
-    /// bank ([`policy::page_counters_within`]) and only the live slots one by one, in the
-    /// page's order (each counter before its control, then the global registers).
+    /// bank and taken as a WRMSR takes them ([`policy::page_counters`]: bits above the 48
+    /// counter bits dropped, never refused), and only the live slots' controls one by one, in
+    /// the page's order (the controls, then the global registers). A refusal names the
+    /// register, the MSR a WRMSR of it would name (the PerfCtrExtCore alias where the PMU has
+    /// it, else the K7 one) and the validator's reason.
     pub(crate) fn from_page_into(
         caps: &AmdCaps,
         windows: &PageWindows,
@@ -161,16 +169,19 @@ impl AmdContext {
         out: &mut AmdContext,
     ) -> Result<(), ContextError> {
         let current = images == PublishedImages::Current;
-        let bank_error = |register| ContextError {
+        let bank_error = |register, msr: Msr| ContextError {
             register,
             index: Some(0),
             value: 0,
+            msr: msr.0,
+            reason: XENPMU_REFUSED_RESERVED,
         };
+        // Never taken: the windows were checked against the area when they were made.
         let Some(counter_window) = windows.counters(area) else {
-            return Err(bank_error("counter"));
+            return Err(bank_error("counter", caps.counter_msr(0)));
         };
         let Some(ctrl_window) = windows.ctrls(area) else {
-            return Err(bank_error("ctrl"));
+            return Err(bank_error("ctrl", caps.control_msr(0)));
         };
         // A counter and control both 0 pass every validator as 0: only the others ("live")
         // are judged, lowest index first; most slots are not live (a branch each).
@@ -191,7 +202,9 @@ impl AmdContext {
             live_set &= windows.slots;
             union = counters.iter().fold(0, |union, &value| union | value);
         }
-        let bad_counters = policy::page_counters_within(&counters, union);
+        // Counters are taken as their WRMSR takes them; `live_set` stays a superset of the
+        // slots with a non-zero word, which is all the loop below needs.
+        policy::page_counters(&mut counters, union);
         let mut hw_ctl = [0u64; N];
         let mut armed = 0u64;
         let mut in_use = 0u64;
@@ -216,14 +229,13 @@ impl AmdContext {
             else {
                 continue;
             };
-            let refused = |register, value| ContextError {
+            let refused = |register, value, Refused(reason)| ContextError {
                 register,
                 index: Some(index),
                 value,
+                msr: caps.control_msr(index).0,
+                reason,
             };
-            if bad_counters & (1 << index) != 0 {
-                return Err(refused("counter", counter));
-            }
             if counter & COUNTER_TOP_BIT != 0 {
                 armed |= CounterSet::gp(index).0;
             }
@@ -237,7 +249,8 @@ impl AmdContext {
                     policy::restricted_control(raw_ctl, guest_policy).unwrap_or_else(|c| c)
                 }
             } else {
-                policy::control(raw_ctl, guest_policy).map_err(|_| refused("ctrl", raw_ctl))?
+                policy::control(raw_ctl, guest_policy)
+                    .map_err(|why| refused("ctrl", raw_ctl, why))?
             };
             debug_assert_eq!(control.guest, raw_ctl);
             *hardware = control.hardware;
@@ -253,25 +266,34 @@ impl AmdContext {
             at(offset_of!(AmdCtxt, global_ctrl)),
             at(offset_of!(AmdCtxt, global_status)),
         );
-        let refused = |register, value| ContextError {
+        let refused = |register, msr, value, Refused(reason)| ContextError {
             register,
             index: None,
             value,
+            msr,
+            reason,
         };
         let (global_ctl, global_status) = if caps.has_perfmon_v2() {
             (
                 policy::global_ctl(page_global_ctrl, caps.counter_mask())
-                    .map_err(|_| refused("global_ctrl", page_global_ctrl))?,
-                policy::global_status_from_page(page_global_status, saved.global_status)
-                    .map_err(|_| refused("global_status", page_global_status))?,
+                    .map_err(|why| refused("global_ctrl", GLOBAL_CTL, page_global_ctrl, why))?,
+                policy::global_status_from_page(page_global_status, saved.global_status).map_err(
+                    |why| refused("global_status", GLOBAL_STATUS, page_global_status, why),
+                )?,
             )
         } else {
             // Without PerfMonV2 these registers do not exist; the only legal content is 0.
+            let absent = Refused(XENPMU_REFUSED_ABSENT);
             if page_global_ctrl != 0 {
-                return Err(refused("global_ctrl", page_global_ctrl));
+                return Err(refused("global_ctrl", GLOBAL_CTL, page_global_ctrl, absent));
             }
             if page_global_status != 0 {
-                return Err(refused("global_status", page_global_status));
+                return Err(refused(
+                    "global_status",
+                    GLOBAL_STATUS,
+                    page_global_status,
+                    absent,
+                ));
             }
             (0, 0)
         };
@@ -287,6 +309,13 @@ impl AmdContext {
         debug_assert_eq!(out.in_use, out.enabled_on_hardware());
         Ok(())
     }
+}
+
+/// `set` without bit `index`, out of line (see [`AmdContext::enabled_within`]).
+#[cold]
+#[inline(never)]
+fn without(set: u32, index: u32) -> u32 {
+    set & !(1 << (index & 31))
 }
 
 /// Where the backend's layout puts the two banks in the vendor area, as windows of `N` words

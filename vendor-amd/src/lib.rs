@@ -29,7 +29,6 @@
 //!   the global block without PerfMonV2, any counter index at or beyond the counter count
 //!   (through either alias);
 //! * a PERF_CTL write has a reserved bit (63:42, 39:36, 21, 19) or HostOnly (see below);
-//! * a PERF_CTR write has a bit above the 48 counter bits;
 //! * a GlobalCtl or GlobalStatusSet write has a bit of an absent counter;
 //! * GlobalStatus (read-only) is written.
 //!
@@ -51,11 +50,14 @@
 //! writing `~status` (every bit set), so any value is accepted and only the counter bits act.
 //! Clearing can only drop the guest's own status.
 //!
-//! Counter writes are the exception the other way: the bits above the 48 counter bits are
-//! dropped, not refused, because the hardware and KVM drop them and guests depend on it
-//! (kvm-unit-tests x86/pmu writes `-1` and `1 - count` as 64-bit values). Nothing above bit 47
-//! has a meaning that could be enabled by accident. A shared page's counters are still checked
-//! strictly: the hypervisor writes only 48-bit values there.
+//! Counter writes are the exception the other way: a PERF_CTR write never faults; the bits
+//! above the 48 counter bits are dropped, not refused, because the hardware and KVM drop them
+//! and guests depend on it (kvm-unit-tests x86/pmu writes `-1` and `1 - count` as 64-bit
+//! values). Nothing above bit 47 has a meaning that could be enabled by accident. A shared
+//! page's counters follow the same rule ([`policy::counter`], the one validator of both
+//! paths): a profiler that re-arms a counter in the page with a 64-bit `-period` gets the
+//! counter a WRMSR of that value would give, `-period` masked to 48 bits (docs/abi.md, "What the
+//! owner may change in the cached window").
 //!
 //! **Host-only / Guest-only (bits 41/40).** A guest may not count while the hypervisor runs.
 //! Unless the policy allows host counting ([`vpmu::GuestPolicy::may_count_host`], the

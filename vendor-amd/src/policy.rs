@@ -8,12 +8,23 @@
 //! A refused value is a #GP on WRMSR and a `ContextError` at flush; it is never fixed up.
 
 use vpmu::GuestPolicy;
+use vpmu::abi::{XENPMU_REFUSED_FORBIDDEN, XENPMU_REFUSED_RESERVED, XENPMU_REFUSED_STATUS};
 
 use crate::msrs::{COUNTER_MASK, ctl};
 
-/// A value the register may not hold.
+/// A value the register may not hold, with the reason a flush reports (a `XENPMU_REFUSED_*`
+/// value, docs/abi.md "Error codes").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Refused;
+pub struct Refused(pub u32);
+
+impl Refused {
+    /// A reserved bit, or a bit of a counter the PMU does not have.
+    pub const RESERVED: Refused = Refused(XENPMU_REFUSED_RESERVED);
+    /// HostOnly for a guest that may not count in host context.
+    pub const FORBIDDEN: Refused = Refused(XENPMU_REFUSED_FORBIDDEN);
+    /// A status bit set that the hypervisor did not set.
+    pub const STATUS: Refused = Refused(XENPMU_REFUSED_STATUS);
+}
 
 /// A legal PERF_CTL value in its two forms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,40 +36,27 @@ pub struct Control {
     pub hardware: u64,
 }
 
-/// PERF_CTRn as a guest WRMSR sets it: the low 48 counter bits are kept and the bits above
-/// dropped, as AMD hardware and Linux KVM (`amd_pmu_set_msr` through `pmc_write_counter`) do.
-/// Guests rely on it: kvm-unit-tests x86/pmu writes `-1` and `1 - count` as full 64-bit values.
+/// PERF_CTRn as a guest WRMSR sets it, and as a flush takes it from the shared page (one rule
+/// for both): the low 48 counter bits are kept and the bits above dropped, never refused, as
+/// AMD hardware and Linux KVM (`amd_pmu_set_msr` through `pmc_write_counter`) do. Guests rely
+/// on it: kvm-unit-tests x86/pmu writes `-1` and `1 - count` as full 64-bit values, and a
+/// profiler re-arms a counter in the page with a 64-bit `-period`.
 pub fn counter(value: u64) -> u64 {
     value & COUNTER_MASK
 }
 
-/// PERF_CTRn as a shared page carries it: the hypervisor only ever writes 48-bit values there,
-/// so bits above them are corruption of the page, refused rather than silently dropped.
-pub fn page_counter(value: u64) -> Result<u64, Refused> {
-    if value & !COUNTER_MASK != 0 {
-        return Err(Refused);
+/// [`counter`] over a whole bank at once (a flush), in place. `union` is every value or-ed
+/// together: when it has no bit above the counter bits nothing changes (one test, the common
+/// case). Returns whether a value changed.
+#[inline]
+pub fn page_counters<const N: usize>(values: &mut [u64; N], union: u64) -> bool {
+    if union & !COUNTER_MASK == 0 {
+        return false;
     }
-    Ok(value)
-}
-
-/// [`page_counter`] over a whole bank at once (a flush): the bitmap of the values it refuses.
-/// `union` is every value or-ed together (the caller's pass over the bank computes it). The
-/// rule is a mask, so the bank passes exactly when the union of its values does: the common
-/// case is one test, and only a refused bank is walked.
-pub fn page_counters_within<const N: usize>(values: &[u64; N], union: u64) -> u32 {
-    if page_counter(union).is_ok() {
-        return 0;
+    for value in values.iter_mut() {
+        *value = counter(*value);
     }
-    refused_counters(values)
-}
-
-#[cold]
-#[inline(never)]
-fn refused_counters<const N: usize>(values: &[u64; N]) -> u32 {
-    (0u32..)
-        .zip(values)
-        .filter(|&(_, &value)| page_counter(value).is_err())
-        .fold(0, |bits, (index, _)| bits | 1 << index)
+    true
 }
 
 /// PERF_CTLn under `policy`.
@@ -71,24 +69,29 @@ fn refused_counters<const N: usize>(values: &[u64; N]) -> u32 {
 /// * An event the filter denies is programmed with EN clear; the guest still reads back EN.
 /// * `XENPMU_FEATURE_*` are Intel features (IPC_ONLY/ARCH_ONLY whitelist Intel architectural
 ///   encodings, BTS is Intel's) and do not restrict AMD controls.
+#[inline]
 pub fn control(value: u64, policy: &GuestPolicy<'_>) -> Result<Control, Refused> {
-    if value & ctl::RESERVED != 0 {
-        return Err(Refused);
-    }
-    if value & ctl::HOST_ONLY != 0 && !policy.may_count_host {
-        return Err(Refused);
-    }
-    let mut hardware = value;
-    if !policy.may_count_host {
-        hardware |= ctl::GUEST_ONLY;
-    }
-    if !policy.filter.allows(ctl::event(value)) {
-        hardware &= !ctl::EN;
-    }
     // A control that does nothing stays 0 on the hardware: a context that clears a control
     // leaves nothing programmed there.
     if value == 0 {
-        hardware = 0;
+        return Ok(Control {
+            guest: 0,
+            hardware: 0,
+        });
+    }
+    if value & ctl::RESERVED != 0 {
+        return Err(Refused::RESERVED);
+    }
+    let mut hardware = value;
+    if !policy.may_count_host {
+        if value & ctl::HOST_ONLY != 0 {
+            return Err(Refused::FORBIDDEN);
+        }
+        hardware |= ctl::GUEST_ONLY;
+    }
+    // Only a control that counts is put to the filter (which only ever clears EN).
+    if value & ctl::EN != 0 && !policy.filter.allows(ctl::event(value)) {
+        hardware &= !ctl::EN;
     }
     Ok(Control {
         guest: value,
@@ -105,7 +108,7 @@ pub fn control(value: u64, policy: &GuestPolicy<'_>) -> Result<Control, Refused>
 /// for any control), with EN cleared. Depends only on `value` and `policy`, so applying it
 /// again gives the same image.
 pub fn restricted_control(value: u64, policy: &GuestPolicy<'_>) -> Result<Control, Control> {
-    control(value, policy).map_err(|Refused| {
+    control(value, policy).map_err(|_| {
         // Without reserved bits and HostOnly nothing in `control` refuses.
         let hardware = control(value & !(ctl::RESERVED | ctl::HOST_ONLY), policy)
             .map_or(0, |legal| legal.hardware & !ctl::EN);
@@ -120,7 +123,7 @@ pub fn restricted_control(value: u64, policy: &GuestPolicy<'_>) -> Result<Contro
 /// KVM drops the other bits; refusing them is the same fail-closed rule as for PERF_CTL.
 pub fn global_ctl(value: u64, present: u64) -> Result<u64, Refused> {
     if value & !present != 0 {
-        return Err(Refused);
+        return Err(Refused::RESERVED);
     }
     Ok(value)
 }
@@ -144,7 +147,7 @@ pub fn global_status_clear(value: u64, present: u64) -> u64 {
 /// the status it was shown, never raise new ones.
 pub fn global_status_from_page(value: u64, shown: u64) -> Result<u64, Refused> {
     if value & !shown != 0 {
-        return Err(Refused);
+        return Err(Refused::STATUS);
     }
     Ok(value)
 }
@@ -184,10 +187,15 @@ mod tests {
     }
 
     #[test]
-    fn page_counters_hold_48_bits() {
-        assert_eq!(page_counter(0xffff_ffff_ffff), Ok(0xffff_ffff_ffff));
-        assert_eq!(page_counter(1 << 48), Err(Refused));
-        assert_eq!(page_counter(u64::MAX), Err(Refused));
+    fn page_counters_are_taken_as_writes_take_them() {
+        let mut bank = [0xffff_ffff_ffff, 5, 0];
+        assert!(!page_counters(&mut bank, 0xffff_ffff_ffff));
+        assert_eq!(bank, [0xffff_ffff_ffff, 5, 0]);
+        let mut bank = [1u64.wrapping_sub(10_000), 1 << 48, u64::MAX];
+        let union = bank.iter().fold(0, |u, &v| u | v);
+        assert!(page_counters(&mut bank, union));
+        assert_eq!(bank, bank.map(counter));
+        assert_eq!(bank, [(1 << 48) - 9_999, 0, 0xffff_ffff_ffff]);
     }
 
     #[test]
@@ -206,10 +214,13 @@ mod tests {
         assert_eq!(c.hardware, INSTRUCTIONS | ctl::GUEST_ONLY);
         let both = INSTRUCTIONS | ctl::GUEST_ONLY;
         assert_eq!(control(both, &GUEST).unwrap().hardware, both);
-        assert_eq!(control(INSTRUCTIONS | ctl::HOST_ONLY, &GUEST), Err(Refused));
+        assert_eq!(
+            control(INSTRUCTIONS | ctl::HOST_ONLY, &GUEST),
+            Err(Refused::FORBIDDEN)
+        );
         assert_eq!(
             control(INSTRUCTIONS | ctl::HOST_ONLY | ctl::GUEST_ONLY, &GUEST),
-            Err(Refused)
+            Err(Refused::FORBIDDEN)
         );
     }
 
@@ -230,6 +241,45 @@ mod tests {
                 })
             );
         }
+    }
+
+    /// A filter that counts the questions it is asked.
+    struct Asked(core::cell::Cell<u32>);
+
+    impl EventFilter for Asked {
+        fn allows(&self, _event: RawEvent) -> bool {
+            self.0.set(self.0.get() + 1);
+            true
+        }
+        fn allows_fixed(&self, _index: u32) -> bool {
+            self.0.set(self.0.get() + 1);
+            true
+        }
+    }
+
+    #[test]
+    fn only_a_control_that_counts_is_put_to_the_filter() {
+        let asked = Asked(core::cell::Cell::new(0));
+        let policy = GuestPolicy {
+            filter: &asked,
+            ..GUEST
+        };
+        let disabled = INSTRUCTIONS & !ctl::EN;
+        assert_eq!(
+            control(disabled, &policy),
+            Ok(Control {
+                guest: disabled,
+                hardware: disabled | ctl::GUEST_ONLY
+            })
+        );
+        assert_eq!(control(0, &policy).map(|c| c.hardware), Ok(0));
+        assert_eq!(
+            asked.0.get(),
+            0,
+            "a control that cannot count was put to the filter"
+        );
+        assert!(control(INSTRUCTIONS, &policy).is_ok());
+        assert_eq!(asked.0.get(), 1);
     }
 
     #[test]
@@ -304,10 +354,10 @@ mod tests {
     #[test]
     fn global_registers_hold_counter_bits_only() {
         assert_eq!(global_ctl(0b111, 0b111), Ok(0b111));
-        assert_eq!(global_ctl(0b1000, 0b111), Err(Refused));
-        assert_eq!(global_status_set(1 << 63, 0x3f), Err(Refused));
+        assert_eq!(global_ctl(0b1000, 0b111), Err(Refused::RESERVED));
+        assert_eq!(global_status_set(1 << 63, 0x3f), Err(Refused::RESERVED));
         assert_eq!(global_status_clear(u64::MAX, 0x3f), 0x3f);
         assert_eq!(global_status_from_page(0b01, 0b11), Ok(0b01));
-        assert_eq!(global_status_from_page(0b100, 0b11), Err(Refused));
+        assert_eq!(global_status_from_page(0b100, 0b11), Err(Refused::STATUS));
     }
 }

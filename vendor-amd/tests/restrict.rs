@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use vpmu::abi::{AmdBanks, VendorArea};
+use vpmu::abi::{AmdBanks, VendorArea, XENPMU_REFUSED_FORBIDDEN};
 use vpmu::{
     AllowAll, ContextError, CounterSet, EventFilter, GuestPolicy, Overflow, PmuBackend, RawEvent,
 };
@@ -209,6 +209,8 @@ fn host_counting_withdrawn_stops_host_only_counters() {
         register: "ctrl",
         index: Some(0),
         value: HOST_CYCLES,
+        msr: 0xC001_0200,
+        reason: XENPMU_REFUSED_FORBIDDEN,
     });
     assert_eq!(vcpu.backend.restrict(&mut vcpu.ctx, &guest), refused);
     assert_eq!(vcpu.ctx.control(0), Some(HOST_CYCLES), "guest value kept");
@@ -306,7 +308,9 @@ fn an_edited_control_is_still_refused() {
             Err(ContextError {
                 register: "ctrl",
                 index: Some(index as u32),
-                value
+                value,
+                msr: 0xC001_0200 + 2 * index as u32,
+                reason: XENPMU_REFUSED_FORBIDDEN,
             })
         );
         assert!(

@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use vpmu::abi::{AmdBanks, VendorArea, VendorLayout};
+use vpmu::abi::{
+    AmdBanks, VendorArea, VendorLayout, XENPMU_REFUSED_RESERVED, XENPMU_REFUSED_STATUS,
+};
 use vpmu::{
     ContextError, CountingBus, GuestPolicy, MsrAccessStats, MsrBus, PmuBackend, PublishedImages,
 };
@@ -380,7 +382,9 @@ fn page_values_are_checked_like_wrmsr() {
         Err(ContextError {
             register: "ctrl",
             index: Some(4),
-            value: EN | (1 << 21)
+            value: EN | (1 << 21),
+            msr: 0xC001_0208,
+            reason: XENPMU_REFUSED_RESERVED,
         })
     );
 
@@ -394,16 +398,13 @@ fn page_values_are_checked_like_wrmsr() {
     let ctx = from(&area, &host).unwrap();
     assert_eq!(ctx.hardware_control(2), Some(EN | OS | HOST_ONLY));
 
-    let mut area = page();
-    banks.set_counter(&mut area, 5, 1 << 48).unwrap();
-    assert_eq!(
-        from(&area, &guest),
-        Err(ContextError {
-            register: "counter",
-            index: Some(5),
-            value: 1 << 48
-        })
-    );
+    // A counter is taken as a WRMSR of PERF_CTR takes it: bits above 47 dropped, never
+    // refused, so a 64-bit `-period` re-arms it.
+    for (value, taken) in [(1 << 48, 0), (0u64.wrapping_sub(1000), (1 << 48) - 1000)] {
+        let mut area = page();
+        banks.set_counter(&mut area, 5, value).unwrap();
+        assert_eq!(from(&area, &guest).unwrap().counter(5), Some(taken));
+    }
 
     let mut area = page();
     let mut fixed = area.amd_ctxt();
@@ -425,7 +426,9 @@ fn page_values_are_checked_like_wrmsr() {
         Err(ContextError {
             register: "global_status",
             index: None,
-            value: 0b101
+            value: 0b101,
+            msr: 0xC000_0300,
+            reason: XENPMU_REFUSED_STATUS,
         })
     );
 

@@ -116,7 +116,8 @@ impl PmuBackend for IntelPmu {
         self.emulate_read(ctx, hw, register)
     }
 
-    #[inline]
+    // Always inline: the core's intercept dispatches on the register once, here.
+    #[inline(always)]
     fn write_register<B: MsrBus>(
         &self,
         ctx: &mut IntelContext,

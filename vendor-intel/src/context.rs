@@ -118,23 +118,28 @@ impl IntelContext {
     /// counters whose value and control are both 0. Only counters in use can leave: a counter
     /// outside it has value 0 and control 0 while the context is loaded (a write of anything
     /// else puts it in use, and `in_use` only grows while loaded), so the result is what
-    /// [`IntelContext::recompute_in_use`] gives, without scanning every counter.
+    /// [`IntelContext::recompute_in_use`] gives, without scanning every counter. `read_zero`
+    /// is what the save returned, the counters that read 0: only their controls are looked
+    /// at (almost always none).
     #[inline]
-    pub(crate) fn shrink_in_use(&mut self) {
-        let mut idle = 0u64;
-        for index in Indices(self.in_use.gp_bits() & GP_SLOT_BITS) {
-            let i = index as usize;
-            if self.gp_counters[i] == 0 && self.event_selects[i] == 0 {
-                idle |= CounterSet::gp(index).0;
+    pub(crate) fn shrink_in_use(&mut self, read_zero: CounterSet) {
+        // One test for the usual case: without it the two scans' set-up and the final mask
+        // cost about 10 instructions a save.
+        if !read_zero.is_empty() {
+            let mut idle = 0u64;
+            let candidates = read_zero.intersection(self.in_use);
+            for index in Indices(candidates.gp_bits() & GP_SLOT_BITS) {
+                if self.event_selects[index as usize] == 0 {
+                    idle |= CounterSet::gp(index).0;
+                }
             }
-        }
-        for index in Indices(self.in_use.fixed_bits() & FIXED_SLOT_BITS) {
-            if self.fixed_counters[index as usize] == 0 && fixed_nibble(self.fixed_ctrl, index) == 0
-            {
-                idle |= CounterSet::fixed(index).0;
+            for index in Indices(candidates.fixed_bits() & FIXED_SLOT_BITS) {
+                if fixed_nibble(self.fixed_ctrl, index) == 0 {
+                    idle |= CounterSet::fixed(index).0;
+                }
             }
+            self.in_use.0 &= !idle;
         }
-        self.in_use.0 &= !idle;
         #[cfg(debug_assertions)]
         {
             let shrunk = self.in_use;

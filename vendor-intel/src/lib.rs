@@ -55,6 +55,15 @@
 //! | PERFEVTSELx under `XENPMU_FEATURE_IPC_ONLY` / `_ARCH_ONLY` | enabled with a `umask:event` outside Xen's tables | Xen e3cce1799d |
 //! | FIXED_CTR_CTRL under those features | enabling fixed counter 3 (topdown slots, in neither table) | Xen e3cce1799d |
 //!
+//! A general-purpose counter in the shared page has no alias of its own: a flush takes its
+//! value as the WRMSR of the counter that accepts it takes it ([`GuestRules::page_counter`]):
+//! with FW_WRITE a value within the width whole (IA32_A_PMCx, and what the hypervisor
+//! publishes), any other value, and every value without FW_WRITE, as IA32_PMCx takes it (bits
+//! 31:0 sign-extended). So it is never refused, and a profiler that re-arms it with a 64-bit
+//! `-period` gets what `wrmsr(IA32_PMCx, -period)` gives, with or without FW_WRITE. Fixed counters in the page follow IA32_FIXED_CTRx (bits above the width
+//! refused). A refused flush reports the register's MSR and the validator's reason
+//! ([`Refused`], `XENPMU_REFUSED_*`) in the page's `flush_refusal` (docs/abi.md).
+//!
 //! Deliberate differences from Xen, so that WRMSR and flush share one rule: a DS_AREA or
 //! PEBS_ENABLE write of 0 (their reset value, which enables nothing) is always accepted, and
 //! the feature whitelists judge only enabled selectors (guests clear selectors with arbitrary
@@ -91,7 +100,8 @@
 //!
 //! Known limitation: without FW_WRITE the only way to write a counter is the legacy alias, so a
 //! saved value in `[2^31, 2^width − 2^31)` comes back sign-extended from bit 31 (Xen has the
-//! same limitation; every CPU with FW_WRITE is exact).
+//! same limitation; every CPU with FW_WRITE is exact). A flush of the page takes such a value
+//! the same way, so the context holds what the hardware is loaded with.
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

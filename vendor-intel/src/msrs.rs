@@ -166,12 +166,45 @@ const IA32_A_PMC_LAST: u32 = IA32_A_PMC0 + 7;
 const IA32_PERFEVTSEL_LAST: u32 = IA32_PERFEVTSEL0 + 7;
 const IA32_FIXED_CTR_LAST: u32 = IA32_FIXED_CTR0 + 3;
 
+/// IA32_FIXED_CTR_CTRL..=IA32_PERF_GLOBAL_INUSE, the registers [`IntelMsr::classify`] finds
+/// by one table lookup.
+const CONTROL_BLOCK: [IntelMsr; (IA32_PERF_GLOBAL_INUSE - IA32_FIXED_CTR_CTRL + 1) as usize] = [
+    IntelMsr::FixedCtrCtrl,
+    IntelMsr::GlobalStatus,
+    IntelMsr::GlobalCtrl,
+    IntelMsr::GlobalOvfCtrl,
+    IntelMsr::GlobalStatusSet,
+    IntelMsr::Unmodelled(IA32_PERF_GLOBAL_INUSE),
+];
+
 impl IntelMsr {
     /// The register `msr` names in the architectural map, or `None` if it is not a PMU MSR.
     #[inline]
     pub fn classify(msr: Msr) -> Option<IntelMsr> {
-        // One range match: compiled to a decision tree over the MSR number.
         let n = msr.0;
+        // The registers a guest writes most, each bank one compare, in this order: counter
+        // values through either alias, event selects, then the control block
+        // (FIXED_CTR_CTRL..=GLOBAL_INUSE) as one table.
+        let offset = |base: u32| n.wrapping_sub(base);
+        if offset(IA32_PMC0) <= IA32_PMC_LAST - IA32_PMC0 {
+            return Some(IntelMsr::Counter {
+                index: offset(IA32_PMC0),
+                alias: CounterAlias::Legacy,
+            });
+        }
+        if offset(IA32_A_PMC0) <= IA32_A_PMC_LAST - IA32_A_PMC0 {
+            return Some(IntelMsr::Counter {
+                index: offset(IA32_A_PMC0),
+                alias: CounterAlias::FullWidth,
+            });
+        }
+        if offset(IA32_PERFEVTSEL0) <= IA32_PERFEVTSEL_LAST - IA32_PERFEVTSEL0 {
+            return Some(IntelMsr::EventSelect(offset(IA32_PERFEVTSEL0)));
+        }
+        if let Some(&register) = CONTROL_BLOCK.get(offset(IA32_FIXED_CTR_CTRL) as usize) {
+            return Some(register);
+        }
+        // The rest: one range match, compiled to a decision tree over the MSR number.
         Some(match n {
             IA32_PMC0..=IA32_PMC_LAST => IntelMsr::Counter {
                 index: n - IA32_PMC0,

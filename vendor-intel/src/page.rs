@@ -4,11 +4,18 @@
 
 use core::mem::offset_of;
 
-use vpmu::abi::{AbiError, IntelBanks, IntelCtxt, VendorArea};
+use vpmu::abi::{
+    AbiError, IntelBanks, IntelCtxt, VendorArea, XENPMU_REFUSED_ABSENT, XENPMU_REFUSED_RESERVED,
+    XENPMU_REFUSED_STATUS,
+};
 use vpmu::{ContextError, CounterSet, GuestPolicy, PublishedImages};
 
 use crate::backend::IntelPmu;
 use crate::context::{FIXED_SLOTS, GP_SLOTS, IntelContext};
+use crate::msrs::{
+    IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_FIXED_CTR0, IA32_PEBS_ENABLE, IA32_PERF_GLOBAL_CTRL,
+    IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PERFEVTSEL0,
+};
 use crate::policy::Refused;
 use crate::restrict::{self, Restricted};
 
@@ -17,42 +24,77 @@ fn unedited(restricted: Restricted) -> u64 {
     restricted.unwrap_or_else(|image| image)
 }
 
-fn refused(register: &'static str, index: Option<u32>, value: u64) -> ContextError {
-    ContextError {
+/// A register of the page as a refusal names it: its name, counter index (banked registers)
+/// and the MSR a WRMSR of it would name.
+#[derive(Clone, Copy)]
+struct Named {
+    register: &'static str,
+    index: Option<u32>,
+    msr: u32,
+}
+
+const fn named(register: &'static str, msr: u32) -> Named {
+    Named {
         register,
-        index,
-        value,
+        index: None,
+        msr,
     }
 }
 
-/// Turns a validator's refusal into the flush error naming the register.
+const fn banked(register: &'static str, base: u32, index: u32) -> Named {
+    Named {
+        register,
+        index: Some(index),
+        msr: base + index,
+    }
+}
+
+fn refused(at: Named, value: u64, reason: u32) -> ContextError {
+    ContextError {
+        register: at.register,
+        index: at.index,
+        value,
+        msr: at.msr,
+        reason,
+    }
+}
+
+/// Turns a validator's refusal into the flush error naming the register and the reason.
 trait OrRefuse<T> {
-    fn or_refuse(
-        self,
-        register: &'static str,
-        index: Option<u32>,
-        value: u64,
-    ) -> Result<T, ContextError>;
+    fn or_refuse(self, at: Named, value: u64) -> Result<T, ContextError>;
 }
 
 impl<T> OrRefuse<T> for Result<T, Refused> {
-    fn or_refuse(
-        self,
-        register: &'static str,
-        index: Option<u32>,
-        value: u64,
-    ) -> Result<T, ContextError> {
-        self.map_err(|Refused| refused(register, index, value))
+    fn or_refuse(self, at: Named, value: u64) -> Result<T, ContextError> {
+        self.map_err(|Refused(reason)| refused(at, value, reason))
     }
 }
 
-/// The first refused fixed counter, `index`, as the flush reports it. Out of line: only a
+/// The first refused fixed counter, `index`, as the flush reports it: a value above the width
+/// (the WRMSR validator's reason) or a hole of a sparse bank that is not 0. Out of line: only a
 /// refused page gets here.
 #[cold]
 #[inline(never)]
-fn fixed_refused(values: &[u64; FIXED_SLOTS], index: u32) -> ContextError {
+fn fixed_refused(
+    rules: &crate::GuestRules,
+    values: &[u64; FIXED_SLOTS],
+    holes: u32,
+    index: u32,
+) -> ContextError {
     let value = values.get(index as usize).map_or(0, |&value| value);
-    refused("fixed_counter", Some(index), value)
+    let reason = if holes & 1 << index != 0 {
+        XENPMU_REFUSED_ABSENT
+    } else {
+        rules
+            .fixed_counter(value)
+            .err()
+            .map_or(XENPMU_REFUSED_RESERVED, |Refused(r)| r)
+    };
+    refused(
+        banked("fixed_counter", IA32_FIXED_CTR0, index),
+        value,
+        reason,
+    )
 }
 
 /// The registers of `IntelCtxt` (not its geometry words, which are never read back), each
@@ -169,6 +211,19 @@ impl PageWindows {
     }
 }
 
+/// The live slots of `live` after their counters were taken by the page rule: those whose
+/// counter or control is non-zero.
+#[cold]
+fn retake_live(counters: &[u64; GP_SLOTS], controls: &[u64; GP_SLOTS], live: u32) -> u32 {
+    (0..GP_SLOTS).fold(0, |bits, i| {
+        if live & 1 << i != 0 && counters[i] | controls[i] != 0 {
+            bits | 1 << i
+        } else {
+            bits
+        }
+    })
+}
+
 impl IntelPmu {
     #[inline]
     pub(crate) fn write_page(&self, ctx: &IntelContext, area: &mut VendorArea) {
@@ -201,10 +256,12 @@ impl IntelPmu {
     /// image), taken as it is.
     ///
     /// The banks are read as whole-slot windows ([`PageWindows`]) in one straight pass; the
-    /// counters are judged a bank at a time ([`GuestRules::fixed_counters_within`],
-    /// [`GuestRules::full_width_counters_within`]), and only the non-zero controls go through
-    /// their validator one by one. Violations are still reported in the page's order: the
-    /// fixed part, then each fixed counter, then each GP counter before its control.
+    /// counters are judged a bank at a time ([`GuestRules::fixed_counters_within`]; the GP
+    /// counters are taken as their WRMSR takes them, [`GuestRules::page_counters`], and never
+    /// refused), and only the non-zero controls go through their validator one by one.
+    /// Violations are still reported in the page's order: the fixed part, then each fixed
+    /// counter, then each control. A refusal names the register, the MSR a WRMSR of it would
+    /// name, and the validator's reason.
     pub(crate) fn read_page_into(
         &self,
         area: &VendorArea,
@@ -217,10 +274,10 @@ impl IntelPmu {
         let current = images == PublishedImages::Current;
         let ctxt = Registers::of(area);
 
-        let global_ctrl =
-            rules
-                .global_ctrl(ctxt.global_ctrl)
-                .or_refuse("global_ctrl", None, ctxt.global_ctrl)?;
+        let global_ctrl = rules.global_ctrl(ctxt.global_ctrl).or_refuse(
+            named("global_ctrl", IA32_PERF_GLOBAL_CTRL),
+            ctxt.global_ctrl,
+        )?;
         let fixed_ctrl_hw = if ctxt.fixed_ctrl == saved.fixed_ctrl {
             if current {
                 saved.fixed_ctrl_hw
@@ -228,19 +285,20 @@ impl IntelPmu {
                 unedited(restrict::fixed_ctrl(rules, ctxt.fixed_ctrl, policy))
             }
         } else {
-            rules.fixed_ctrl(ctxt.fixed_ctrl, policy).or_refuse(
-                "fixed_ctrl",
-                None,
-                ctxt.fixed_ctrl,
-            )?
+            rules
+                .fixed_ctrl(ctxt.fixed_ctrl, policy)
+                .or_refuse(named("fixed_ctrl", IA32_FIXED_CTR_CTRL), ctxt.fixed_ctrl)?
         };
         // Acknowledging is clearing: the owner may drop recorded overflows, never invent one.
         if ctxt.global_status & !saved.global_status != 0 {
-            return Err(refused("global_status", None, ctxt.global_status));
+            return Err(refused(
+                named("global_status", IA32_PERF_GLOBAL_STATUS),
+                ctxt.global_status,
+                XENPMU_REFUSED_STATUS,
+            ));
         }
         let acknowledged = rules.ovf_ctrl(ctxt.global_ovf_ctrl).or_refuse(
-            "global_ovf_ctrl",
-            None,
+            named("global_ovf_ctrl", IA32_PERF_GLOBAL_OVF_CTRL),
             ctxt.global_ovf_ctrl,
         )?;
         let ds_area = if ctxt.ds_area == saved.ds_area {
@@ -252,18 +310,27 @@ impl IntelPmu {
         } else {
             rules
                 .ds_area(ctxt.ds_area, policy)
-                .or_refuse("ds_area", None, ctxt.ds_area)?
+                .or_refuse(named("ds_area", IA32_DS_AREA), ctxt.ds_area)?
         };
         rules
             .pebs_enable(ctxt.pebs_enable)
-            .or_refuse("pebs_enable", None, ctxt.pebs_enable)?;
+            .or_refuse(named("pebs_enable", IA32_PEBS_ENABLE), ctxt.pebs_enable)?;
 
         let windows = &self.page_windows;
+        // Never taken: the windows were checked against the area when they were made.
         let Some(fixed) = windows.fixed(area) else {
-            return Err(refused("fixed_counter", Some(0), 0));
+            return Err(refused(
+                banked("fixed_counter", IA32_FIXED_CTR0, 0),
+                0,
+                XENPMU_REFUSED_RESERVED,
+            ));
         };
         let Some(gp) = windows.gp(area) else {
-            return Err(refused("counter", Some(0), 0));
+            return Err(refused(
+                banked("evtsel", IA32_PERFEVTSEL0, 0),
+                0,
+                XENPMU_REFUSED_RESERVED,
+            ));
         };
         // One pass over every slot. Entries whose value and control are both 0 pass every
         // validator as 0: only the others ("live") can be refused or count, and most slots
@@ -304,34 +371,27 @@ impl IntelPmu {
         // A sparse v5 bitmap leaves holes in the bank; they must stay 0.
         let holes = fixed_live & !windows.fixed_present;
         if let Err(index) = rules.fixed_counters_within(&fixed_counters, fixed_union, holes) {
-            return Err(fixed_refused(&fixed_counters, index));
+            return Err(fixed_refused(rules, &fixed_counters, holes, index));
         }
-        let bad_counters = rules.full_width_counters_within(&gp_counters, gp_union);
+        // GP counters are taken as their WRMSR takes them, never refused; a value that was not
+        // taken whole may have become 0, and a slot with both words 0 is not live.
+        if rules.page_counters(&mut gp_counters, gp_union) {
+            gp_live = retake_live(&gp_counters, &event_selects, gp_live);
+        }
         let mut event_selects_hw = [0u64; GP_SLOTS];
         let mut judged = gp_live;
         while judged != 0 {
             let index = judged.trailing_zeros();
             judged &= judged - 1;
             let i = index as usize;
-            let (
-                Some(&counter),
-                Some(&control),
-                Some(&published),
-                Some(&published_hw),
-                Some(image),
-            ) = (
-                gp_counters.get(i),
+            let (Some(&control), Some(&published), Some(&published_hw), Some(image)) = (
                 event_selects.get(i),
                 saved.event_selects.get(i),
                 saved.event_selects_hw.get(i),
                 event_selects_hw.get_mut(i),
-            )
-            else {
+            ) else {
                 continue;
             };
-            if bad_counters & (1 << index) != 0 {
-                return Err(refused("counter", Some(index), counter));
-            }
             *image = if control == published {
                 if current {
                     published_hw
@@ -341,7 +401,7 @@ impl IntelPmu {
             } else {
                 rules
                     .event_select(control, policy)
-                    .or_refuse("evtsel", Some(index), control)?
+                    .or_refuse(banked("evtsel", IA32_PERFEVTSEL0, index), control)?
             };
         }
 

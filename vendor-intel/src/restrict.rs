@@ -13,8 +13,11 @@ use vpmu::{ContextError, GuestPolicy};
 
 use crate::backend::IntelPmu;
 use crate::context::IntelContext;
-use crate::msrs::{EVTSEL_EN, at_fixed_nibble, fixed_nibble};
-use crate::policy::{EVTSEL_GUEST_BITS, GuestRules};
+use crate::msrs::{
+    EVTSEL_EN, IA32_DS_AREA, IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, at_fixed_nibble, fixed_nibble,
+};
+use crate::policy::{EVTSEL_GUEST_BITS, GuestRules, Refused};
+use vpmu::abi::XENPMU_REFUSED_RESERVED;
 
 /// A control's hardware image under a policy: `Ok` when the validator accepts the guest value
 /// (its own hardware image), `Err` with the image that cannot count when it refuses it.
@@ -78,12 +81,14 @@ pub(crate) fn ds_area(rules: &GuestRules, value: u64, policy: &GuestPolicy<'_>) 
     rules.ds_area(value, policy).map_err(|_| 0)
 }
 
-/// The image either way, and the error naming the register if it had to be restricted.
+/// The image either way, and the error naming the register (and the MSR a WRMSR of it would
+/// name) if it had to be restricted, with the reason `judge` (the register's WRMSR validator)
+/// gives.
 pub(crate) fn split(
     restricted: Restricted,
-    register: &'static str,
-    index: Option<u32>,
+    (register, index, msr): (&'static str, Option<u32>, u32),
     value: u64,
+    judge: impl FnOnce() -> Result<u64, Refused>,
 ) -> (u64, Option<ContextError>) {
     match restricted {
         Ok(image) => (image, None),
@@ -93,6 +98,10 @@ pub(crate) fn split(
                 register,
                 index,
                 value,
+                msr,
+                reason: judge()
+                    .err()
+                    .map_or(XENPMU_REFUSED_RESERVED, |Refused(r)| r),
             }),
         ),
     }
@@ -110,16 +119,16 @@ impl IntelPmu {
         let rules = &self.rules;
         let (fixed_hw, fixed_error) = split(
             fixed_ctrl(rules, ctx.fixed_ctrl, policy),
-            "fixed_ctrl",
-            None,
+            ("fixed_ctrl", None, IA32_FIXED_CTR_CTRL),
             ctx.fixed_ctrl,
+            || rules.fixed_ctrl(ctx.fixed_ctrl, policy),
         );
         ctx.fixed_ctrl_hw = fixed_hw;
         let (ds, ds_error) = split(
             ds_area(rules, ctx.ds_area, policy),
-            "ds_area",
-            None,
+            ("ds_area", None, IA32_DS_AREA),
             ctx.ds_area,
+            || rules.ds_area(ctx.ds_area, policy),
         );
         ctx.ds_area = ds;
         let mut first = fixed_error.or(ds_error);
@@ -127,9 +136,9 @@ impl IntelPmu {
         for (index, (&guest, hardware)) in (0u32..).zip(selects) {
             let (image, error) = split(
                 event_select(rules, guest, policy),
-                "evtsel",
-                Some(index),
+                ("evtsel", Some(index), IA32_PERFEVTSEL0 + index),
                 guest,
+                || rules.event_select(guest, policy),
             );
             *hardware = image;
             first = first.or(error);

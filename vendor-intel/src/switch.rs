@@ -30,7 +30,7 @@
 //! but before its PMI is taken loses that PMI (real hardware has raised it already); the guest
 //! runs in that window only for the PMI's skid.
 
-use vpmu::bank::{self, BankMap, HwRecord, SaveControls, StatusMsrs};
+use vpmu::bank::{self, BankMap, HwRecord, MsrSeries, SaveControls, StatusMsrs};
 use vpmu::{CounterSet, Msr, MsrBus, MsrFault, Overflow};
 
 use crate::backend::IntelPmu;
@@ -68,16 +68,21 @@ impl IntelPmu {
     }
 
     /// The same for a load, which never reads a counter: the value masks are the constant
-    /// maps' own, and the general-purpose counter aliases written are the one field read from
-    /// the backend (the fixed counters have one alias). Reading fewer fields keeps fewer
-    /// registers live across the compare pass, which is all a vCPU switched back in where it
-    /// was saved runs.
+    /// maps' own, and the base of the general-purpose counter alias written is the one field
+    /// read from the backend (the fixed counters have one alias). Reading fewer fields keeps
+    /// fewer registers live across the load's pass, which compares and writes each counter.
     #[inline(always)]
     fn load_banks(&self) -> [BankMap; 2] {
         let [gp, _] = &self.msr_banks;
+        // Both aliases (IA32_PMCx, IA32_A_PMCx) run in steps of 1: only the base is read, so
+        // that each counter's MSR is the base plus its index, not a multiplication.
+        debug_assert_eq!(gp.counter_writes.stride, GP_BANK_MAP.counter_writes.stride);
         [
             BankMap {
-                counter_writes: gp.counter_writes,
+                counter_writes: MsrSeries::new(
+                    gp.counter_writes.base,
+                    GP_BANK_MAP.counter_writes.stride,
+                ),
                 ..GP_BANK_MAP
             },
             FIXED_BANK_MAP,
@@ -107,19 +112,20 @@ impl IntelPmu {
         // in use the hardware GLOBAL_CTRL is the context's: already 0, it needs no write.
         // With nothing in use it was not touched since the load (the record still holds).
         if !live.is_empty() {
+            // No `set_global(None)` first: a faulting save makes the record forget
+            // everything (`Vpmu::save_on`, the one caller).
             if ctx.global_ctrl != 0 {
-                record.set_global(None);
                 hw.write(Msr(IA32_PERF_GLOBAL_CTRL), 0)?;
             }
             record.set_global(Some(0));
         }
         let overflow = self.collect_overflow(ctx, hw)?;
         let banks = self.save_banks();
-        bank::save(&banks, ctx, live, SaveControls::Keep, hw, record)?;
+        let read_zero = bank::save(&banks, ctx, live, SaveControls::Keep, hw, record)?;
         if ctx.ds_area != 0 {
             hw.write(Msr(IA32_DS_AREA), 0)?;
         }
-        ctx.shrink_in_use();
+        ctx.shrink_in_use(read_zero);
         Ok(overflow)
     }
 
@@ -140,7 +146,7 @@ impl IntelPmu {
         // unless known to hold the value already, even when 0, so that a CPU nobody cleaned
         // (power-on enables the GP counters) cannot count for a context that disabled them.
         if !live.is_empty() && record.global() != Some(ctx.global_ctrl) {
-            record.set_global(None);
+            // A faulting load makes the record forget everything (`Vpmu::load_on`).
             hw.write(Msr(IA32_PERF_GLOBAL_CTRL), ctx.global_ctrl)?;
             record.set_global(Some(ctx.global_ctrl));
         }

@@ -6,7 +6,9 @@ mod common;
 use common::*;
 use vpmu::abi::{
     CounterPair, IntelBanks, VendorArea, VendorLayout, XENPMU_FEATURE_INTEL_BTS,
-    XENPMU_FEATURE_IPC_ONLY,
+    XENPMU_FEATURE_IPC_ONLY, XENPMU_REFUSED_ABSENT as ABSENT, XENPMU_REFUSED_EVENT as EVENT,
+    XENPMU_REFUSED_FORBIDDEN as FORBIDDEN, XENPMU_REFUSED_RESERVED as RESERVED,
+    XENPMU_REFUSED_STATUS as STATUS, XENPMU_REFUSED_WIDTH as WIDTH,
 };
 use vpmu::{ContextError, EventFilter, GuestPolicy, PmuBackend, RawEvent};
 use vpmu_intel::IntelContext;
@@ -56,11 +58,26 @@ fn flush(
         .context_from_page(area, saved, &GuestPolicy::guest_default())
 }
 
-fn refusal(register: &'static str, index: Option<u32>, value: u64) -> ContextError {
+/// A refusal of `register` with `reason` (`XENPMU_REFUSED_*`), naming the MSR a WRMSR of it
+/// would name (the SDM's numbers, written out here independently of the backend).
+fn refusal(register: &'static str, index: Option<u32>, value: u64, reason: u32) -> ContextError {
+    let msr = match (register, index) {
+        ("global_ctrl", None) => 0x38f,
+        ("fixed_ctrl", None) => 0x38d,
+        ("global_status", None) => 0x38e,
+        ("global_ovf_ctrl", None) => 0x390,
+        ("ds_area", None) => 0x600,
+        ("pebs_enable", None) => 0x3f1,
+        ("fixed_counter", Some(i)) => 0x309 + i,
+        ("evtsel", Some(i)) => 0x186 + i,
+        other => panic!("no MSR for {other:?}"),
+    };
     ContextError {
         register,
         index,
         value,
+        msr,
+        reason,
     }
 }
 
@@ -148,60 +165,93 @@ fn every_illegal_register_is_refused_with_its_name() {
     let clean = area_of(&m, &ctx);
     let b = banks(&m);
     type Edit = fn(&mut VendorArea, &IntelBanks);
-    let cases: [(Edit, ContextError); 12] = [
+    let cases: [(Edit, ContextError); 13] = [
         (
             |a, _| edit_ctxt(a, |c| c.global_ctrl = 1 << 8),
-            refusal("global_ctrl", None, 1 << 8),
+            refusal("global_ctrl", None, 1 << 8, RESERVED),
         ),
         (
             |a, _| edit_ctxt(a, |c| c.fixed_ctrl = 0x4),
-            refusal("fixed_ctrl", None, 0x4),
+            refusal("fixed_ctrl", None, 0x4, FORBIDDEN),
         ),
         (
             |a, _| edit_ctxt(a, |c| c.global_status = 1 << 7 | 1),
-            refusal("global_status", None, 1 << 7 | 1),
+            refusal("global_status", None, 1 << 7 | 1, STATUS),
         ),
         (
             |a, _| edit_ctxt(a, |c| c.global_ovf_ctrl = 1 << 61),
-            refusal("global_ovf_ctrl", None, 1 << 61),
+            refusal("global_ovf_ctrl", None, 1 << 61, RESERVED),
         ),
         (
             |a, _| edit_ctxt(a, |c| c.ds_area = 0xffff_8000_0000_0000),
-            refusal("ds_area", None, 0xffff_8000_0000_0000),
+            refusal("ds_area", None, 0xffff_8000_0000_0000, FORBIDDEN),
         ),
         (
             |a, _| edit_ctxt(a, |c| c.pebs_enable = 1),
-            refusal("pebs_enable", None, 1),
+            refusal("pebs_enable", None, 1, FORBIDDEN),
         ),
         (
             |a, b| b.set_fixed_counter(a, 2, 1 << 48).expect("in bank"),
-            refusal("fixed_counter", Some(2), 1 << 48),
+            refusal("fixed_counter", Some(2), 1 << 48, WIDTH),
         ),
         (
-            |a, b| set_counter(a, b, 6, 0xffff_ff01_2345_6789),
-            refusal("counter", Some(6), 0xffff_ff01_2345_6789),
+            |a, b| b.set_fixed_counter(a, 0, u64::MAX - 999).expect("in bank"),
+            refusal("fixed_counter", Some(0), u64::MAX - 999, WIDTH),
+        ),
+        (
+            |a, b| set_control(a, b, 3, ENABLE_ALL_RINGS | 1 << 21 | 1 << 40),
+            refusal(
+                "evtsel",
+                Some(3),
+                ENABLE_ALL_RINGS | 1 << 21 | 1 << 40,
+                RESERVED,
+            ),
         ),
         (
             |a, b| set_control(a, b, 1, ENABLE_ALL_RINGS | 1 << 21),
-            refusal("evtsel", Some(1), ENABLE_ALL_RINGS | 1 << 21),
+            refusal("evtsel", Some(1), ENABLE_ALL_RINGS | 1 << 21, FORBIDDEN),
         ),
         (
             |a, b| set_control(a, b, 4, ENABLE_ALL_RINGS | 1 << 19),
-            refusal("evtsel", Some(4), ENABLE_ALL_RINGS | 1 << 19),
+            refusal("evtsel", Some(4), ENABLE_ALL_RINGS | 1 << 19, FORBIDDEN),
         ),
         (
             |a, b| set_control(a, b, 7, 1 << 32),
-            refusal("evtsel", Some(7), 1 << 32),
+            refusal("evtsel", Some(7), 1 << 32, RESERVED),
         ),
         (
             |a, _| edit_ctxt(a, |c| c.fixed_ctrl = 0x7000),
-            refusal("fixed_ctrl", None, 0x7000),
+            refusal("fixed_ctrl", None, 0x7000, FORBIDDEN),
         ),
     ];
     for (edit, expected) in cases {
         let mut area = clean.clone();
         edit(&mut area, &b);
         assert_eq!(flush(&m, &area, &ctx), Err(expected));
+    }
+}
+
+/// A GP counter in the page is taken as the WRMSR of the counter that accepts the value takes
+/// it: within the width whole (IA32_A_PMCx), otherwise as IA32_PMCx does (bits 31:0
+/// sign-extended). A 64-bit `-period` re-arms it; it is never refused.
+#[test]
+fn gp_counters_in_the_page_are_taken_as_their_wrmsr_takes_them() {
+    let mut m = Machine::v5();
+    let ctx = busy_context(&mut m);
+    let clean = area_of(&m, &ctx);
+    let b = banks(&m);
+    let mask = (1u64 << 48) - 1;
+    for (value, taken) in [
+        (0u64.wrapping_sub(1000), mask - 999),
+        (0xffff_ff01_2345_6789, 0x2345_6789),
+        (0xffff_8000_0000, 0xffff_8000_0000),
+        (1 << 48, 0),
+        (u64::MAX, mask),
+    ] {
+        let mut area = clean.clone();
+        set_counter(&mut area, &b, 6, value);
+        let flushed = flush(&m, &area, &ctx).expect("never refused");
+        assert_eq!(flushed.gp_counter(6), Some(taken), "{value:#x}");
     }
 }
 
@@ -237,7 +287,7 @@ fn holes_of_a_sparse_fixed_bank_must_stay_zero() {
     b.set_fixed_counter(&mut area, 1, 7).expect("hole");
     assert_eq!(
         flush(&m, &area, &ctx),
-        Err(refusal("fixed_counter", Some(1), 7))
+        Err(refusal("fixed_counter", Some(1), 7, ABSENT))
     );
 }
 
@@ -255,7 +305,12 @@ fn flush_applies_features_and_filter_like_wrmsr() {
     };
     assert_eq!(
         m.pmu.context_from_page(&area, &ctx, &ipc),
-        Err(refusal("evtsel", Some(0), ENABLE_ALL_RINGS | BRANCHES))
+        Err(refusal(
+            "evtsel",
+            Some(0),
+            ENABLE_ALL_RINGS | BRANCHES,
+            EVENT
+        ))
     );
 
     struct NoBranches;

@@ -40,14 +40,17 @@ fn event_select_forbidden_bits() {
     assert_eq!(r.event_select(base, &policy), Ok(base));
     assert_eq!(
         r.event_select(base | EVTSEL_ANY_THREAD, &policy),
-        Err(Refused)
+        Err(Refused::FORBIDDEN)
     );
     assert_eq!(
         r.event_select(base | EVTSEL_PIN_CONTROL, &policy),
-        Err(Refused)
+        Err(Refused::FORBIDDEN)
     );
     for bit in 32..64 {
-        assert_eq!(r.event_select(base | 1 << bit, &policy), Err(Refused));
+        assert_eq!(
+            r.event_select(base | 1 << bit, &policy),
+            Err(Refused::RESERVED)
+        );
     }
 }
 
@@ -57,9 +60,9 @@ fn feature_whitelists_judge_enabled_selectors() {
     let ipc = with_features(XENPMU_FEATURE_IPC_ONLY);
     let arch = with_features(XENPMU_FEATURE_ARCH_ONLY);
     let branches = 0x0043_00c4;
-    assert_eq!(r.event_select(branches, &ipc), Err(Refused));
+    assert_eq!(r.event_select(branches, &ipc), Err(Refused::EVENT));
     assert_eq!(r.event_select(branches, &arch), Ok(branches));
-    assert_eq!(r.event_select(0x0043_00d1, &arch), Err(Refused));
+    assert_eq!(r.event_select(0x0043_00d1, &arch), Err(Refused::EVENT));
     assert_eq!(r.event_select(0x0043_013c, &ipc), Ok(0x0043_013c));
     // Disabled selectors cannot count and pass whatever their event.
     assert_eq!(r.event_select(0x0003_00d1, &ipc), Ok(0x0003_00d1));
@@ -84,16 +87,20 @@ fn fixed_ctrl_masks_follow_enumeration() {
     let policy = GuestPolicy::guest_default();
     let three = rules(SyntheticCpuid::v2(4, 3));
     assert_eq!(three.fixed_ctrl(0xbbb, &policy), Ok(0xbbb));
-    assert_eq!(three.fixed_ctrl(0xb000, &policy), Err(Refused));
-    assert_eq!(three.fixed_ctrl(0x4, &policy), Err(Refused), "AnyThread");
+    assert_eq!(three.fixed_ctrl(0xb000, &policy), Err(Refused::RESERVED));
+    assert_eq!(
+        three.fixed_ctrl(0x4, &policy),
+        Err(Refused::FORBIDDEN),
+        "AnyThread"
+    );
     let sparse = rules(SyntheticCpuid::v5(8, 0, 0b1001));
     assert_eq!(sparse.fixed_ctrl(0xb00b, &policy), Ok(0xb00b));
-    assert_eq!(sparse.fixed_ctrl(0x00b0, &policy), Err(Refused));
+    assert_eq!(sparse.fixed_ctrl(0x00b0, &policy), Err(Refused::RESERVED));
     let ipc = with_features(XENPMU_FEATURE_IPC_ONLY);
     assert_eq!(sparse.fixed_ctrl(0x8000, &ipc), Ok(0x8000));
     assert_eq!(
         sparse.fixed_ctrl(0x3000, &ipc),
-        Err(Refused),
+        Err(Refused::EVENT),
         "topdown slots"
     );
 }
@@ -102,21 +109,25 @@ fn fixed_ctrl_masks_follow_enumeration() {
 fn global_registers_follow_enumeration() {
     let v2 = rules(SyntheticCpuid::v2(4, 3));
     assert_eq!(v2.global_ctrl(0x7_0000_000f), Ok(0x7_0000_000f));
-    assert_eq!(v2.global_ctrl(1 << 4), Err(Refused));
-    assert_eq!(v2.global_ctrl(1 << 35), Err(Refused));
+    assert_eq!(v2.global_ctrl(1 << 4), Err(Refused::RESERVED));
+    assert_eq!(v2.global_ctrl(1 << 35), Err(Refused::RESERVED));
     assert_eq!(
         v2.ovf_ctrl(STATUS_COND_CHANGED | 1),
         Ok(STATUS_COND_CHANGED | 1)
     );
     assert_eq!(
         v2.ovf_ctrl(1 << 61),
-        Err(Refused),
+        Err(Refused::RESERVED),
         "uncore overflow is not the guest's"
     );
-    assert_eq!(v2.status_set(1), Err(Refused), "no STATUS_SET before v4");
+    assert_eq!(
+        v2.status_set(1),
+        Err(Refused::RESERVED),
+        "no STATUS_SET before v4"
+    );
     let v5 = rules(SyntheticCpuid::v5(8, 4, 0));
     assert_eq!(v5.status_set(0xff), Ok(0xff));
-    assert_eq!(v5.status_set(STATUS_COND_CHANGED), Err(Refused));
+    assert_eq!(v5.status_set(STATUS_COND_CHANGED), Err(Refused::RESERVED));
 }
 
 #[test]
@@ -125,8 +136,8 @@ fn counter_values() {
     assert_eq!(r.legacy_counter(0xff01_2345_6789), 0x2345_6789);
     assert_eq!(r.legacy_counter(0x8000_0000), 0xffff_8000_0000);
     assert_eq!(r.full_width_counter(0xffff_ffff_ffff), Ok(0xffff_ffff_ffff));
-    assert_eq!(r.full_width_counter(1 << 48), Err(Refused));
-    assert_eq!(r.fixed_counter(1 << 48), Err(Refused));
+    assert_eq!(r.full_width_counter(1 << 48), Err(Refused::WIDTH));
+    assert_eq!(r.fixed_counter(1 << 48), Err(Refused::WIDTH));
 }
 
 #[test]
@@ -139,22 +150,25 @@ fn ds_area_and_pebs() {
     let bts = with_features(XENPMU_FEATURE_INTEL_BTS);
     let none = GuestPolicy::guest_default();
     assert_eq!(r.ds_area(0, &none), Ok(0));
-    assert_eq!(r.ds_area(0xffff_8000_0000_1000, &none), Err(Refused));
+    assert_eq!(
+        r.ds_area(0xffff_8000_0000_1000, &none),
+        Err(Refused::FORBIDDEN)
+    );
     assert_eq!(
         r.ds_area(0xffff_8000_0000_1000, &bts),
         Ok(0xffff_8000_0000_1000)
     );
     assert_eq!(
         r.ds_area(0x0000_8000_0000_1000, &bts),
-        Err(Refused),
+        Err(Refused::FORBIDDEN),
         "non-canonical"
     );
     let bts_ipc = with_features(XENPMU_FEATURE_INTEL_BTS | XENPMU_FEATURE_IPC_ONLY);
-    assert_eq!(r.ds_area(0x1000, &bts_ipc), Err(Refused));
+    assert_eq!(r.ds_area(0x1000, &bts_ipc), Err(Refused::FORBIDDEN));
     let no_ds = rules(SyntheticCpuid::v2(4, 3));
-    assert_eq!(no_ds.ds_area(0x1000, &bts), Err(Refused));
+    assert_eq!(no_ds.ds_area(0x1000, &bts), Err(Refused::FORBIDDEN));
     assert_eq!(r.pebs_enable(0), Ok(0));
-    assert_eq!(r.pebs_enable(1), Err(Refused));
+    assert_eq!(r.pebs_enable(1), Err(Refused::FORBIDDEN));
 }
 
 #[test]

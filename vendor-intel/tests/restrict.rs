@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use vpmu::abi::{
     CounterPair, IntelBanks, VendorArea, VendorLayout, XENPMU_FEATURE_INTEL_BTS,
-    XENPMU_FEATURE_IPC_ONLY,
+    XENPMU_FEATURE_IPC_ONLY, XENPMU_REFUSED_EVENT, XENPMU_REFUSED_FORBIDDEN,
 };
 use vpmu::{ContextError, CounterSet, EventFilter, GuestPolicy, Overflow, PmuBackend, RawEvent};
 use vpmu_intel::IntelContext;
@@ -23,12 +23,31 @@ fn with_features(features: u64) -> GuestPolicy<'static> {
     }
 }
 
-fn restricted(register: &'static str, index: Option<u32>, value: u64) -> Option<ContextError> {
-    Some(ContextError {
+/// A restriction (or refusal) of `register` for `reason` (`XENPMU_REFUSED_*`), naming the MSR a
+/// WRMSR of it would name (the SDM's numbers).
+fn error(register: &'static str, index: Option<u32>, value: u64, reason: u32) -> ContextError {
+    let msr = match (register, index) {
+        ("fixed_ctrl", None) => 0x38d,
+        ("ds_area", None) => 0x600,
+        ("evtsel", Some(i)) => 0x186 + i,
+        other => panic!("no MSR for {other:?}"),
+    };
+    ContextError {
         register,
         index,
         value,
-    })
+        msr,
+        reason,
+    }
+}
+
+fn restricted(
+    register: &'static str,
+    index: Option<u32>,
+    value: u64,
+    reason: u32,
+) -> Option<ContextError> {
+    Some(error(register, index, value, reason))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,12 +250,12 @@ fn ipc_only_clears_enables_in_the_hardware_images_only() {
     // FIXED_CTR_CTRL (topdown slots on fixed 3) comes first, then GP0's branches.
     assert_eq!(
         m.pmu.restrict(&mut vcpu.ctx, &ipc),
-        restricted("fixed_ctrl", None, 0xb033)
+        restricted("fixed_ctrl", None, 0xb033, XENPMU_REFUSED_EVENT)
     );
     let once = vcpu.ctx.clone();
     assert_eq!(
         m.pmu.restrict(&mut vcpu.ctx, &ipc),
-        restricted("fixed_ctrl", None, 0xb033),
+        restricted("fixed_ctrl", None, 0xb033, XENPMU_REFUSED_EVENT),
         "idempotent"
     );
     assert_eq!(vcpu.ctx, once);
@@ -285,7 +304,12 @@ fn restriction_names_the_first_event_select() {
     let ipc = with_features(XENPMU_FEATURE_IPC_ONLY);
     assert_eq!(
         m.pmu.restrict(&mut vcpu.ctx, &ipc),
-        restricted("evtsel", Some(3), ENABLE_ALL_RINGS | BRANCHES)
+        restricted(
+            "evtsel",
+            Some(3),
+            ENABLE_ALL_RINGS | BRANCHES,
+            XENPMU_REFUSED_EVENT
+        )
     );
     assert!(!m.pmu.is_active(&vcpu.ctx), "nothing left that counts");
     assert_eq!(
@@ -338,7 +362,7 @@ fn bts_withdrawn_unloads_the_ds_area() {
     let default = GuestPolicy::guest_default();
     assert_eq!(
         m.pmu.restrict(&mut vcpu.ctx, &default),
-        restricted("ds_area", None, DS_ADDRESS)
+        restricted("ds_area", None, DS_ADDRESS, XENPMU_REFUSED_FORBIDDEN)
     );
     assert_eq!(m.get(&mut vcpu, DS_AREA), 0);
     assert!(!m.pmu.is_active(&vcpu.ctx));
@@ -411,11 +435,7 @@ fn an_edited_control_is_still_refused() {
     // FIXED_CTR_CTRL is unedited, so GP1 is the first refusal.
     assert_eq!(
         m.pmu.context_from_page(&area, &vcpu.ctx, &ipc),
-        Err(ContextError {
-            register: "evtsel",
-            index: Some(1),
-            value: control
-        })
+        Err(error("evtsel", Some(1), control, XENPMU_REFUSED_EVENT))
     );
 
     // FIXED_CTR_CTRL edited to another value with topdown slots enabled.
@@ -425,11 +445,7 @@ fn an_edited_control_is_still_refused() {
     area.set_intel_ctxt(&ctxt);
     assert_eq!(
         m.pmu.context_from_page(&area, &vcpu.ctx, &ipc),
-        Err(ContextError {
-            register: "fixed_ctrl",
-            index: None,
-            value: 0x3033
-        })
+        Err(error("fixed_ctrl", None, 0x3033, XENPMU_REFUSED_EVENT))
     );
 }
 
@@ -459,11 +475,12 @@ fn an_unedited_ds_area_is_unloaded_and_an_edited_one_refused() {
     area.set_intel_ctxt(&ctxt);
     assert_eq!(
         m.pmu.context_from_page(&area, &vcpu.ctx, &default),
-        Err(ContextError {
-            register: "ds_area",
-            index: None,
-            value: DS_ADDRESS + 0x1000
-        })
+        Err(error(
+            "ds_area",
+            None,
+            DS_ADDRESS + 0x1000,
+            XENPMU_REFUSED_FORBIDDEN
+        ))
     );
     assert!(m.pmu.context_from_page(&area, &vcpu.ctx, &bts).is_ok());
 }

@@ -299,6 +299,22 @@ pub struct ContextError {
     pub index: Option<u32>,
     /// The value refused.
     pub value: u64,
+    /// The MSR number a WRMSR of the register would name (what the page's
+    /// `FlushRefusal::msr` reports).
+    pub msr: u32,
+    /// Why: `vpmu_abi::XENPMU_REFUSED_*` (what the page's `FlushRefusal::reason` reports).
+    pub reason: u32,
+}
+
+impl ContextError {
+    /// The report a refused flush writes into the page (docs/abi.md, version 1.3).
+    pub fn refusal(&self) -> vpmu_abi::FlushRefusal {
+        vpmu_abi::FlushRefusal {
+            msr: self.msr,
+            reason: self.reason,
+            value: self.value,
+        }
+    }
 }
 
 /// A vendor backend: everything vendor-specific the core needs.
@@ -417,6 +433,9 @@ pub trait PmuBackend {
     /// enabled always means an overflow that happened with it enabled: a backend acknowledges
     /// a silent overflow when the guest turns the interrupt on, as a new overflow of a counter
     /// whose previous one the guest has not acknowledged must interrupt again.
+    ///
+    /// On a fault the core makes `record` forget everything, so a backend need not keep it
+    /// exact on the error path (nor mark an entry unknown before the write that changes it).
     fn save<B: MsrBus>(
         &self,
         ctx: &mut Self::Context,
@@ -427,7 +446,8 @@ pub trait PmuBackend {
     /// Programs hardware on which nothing counts, as `record` describes it, with `ctx`:
     /// values and controls first, global enables last, each written only if `record` does not
     /// know the hardware holds it already; a control another context left programmed on a
-    /// counter this one does not use is cleared. Updates `record`.
+    /// counter this one does not use is cleared. Updates `record`; on a fault the core makes
+    /// it forget everything, as after [`PmuBackend::save`].
     fn load<B: MsrBus>(
         &self,
         ctx: &Self::Context,

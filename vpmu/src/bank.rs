@@ -14,10 +14,11 @@
 //! Only the counters of a [`CounterSet`] are touched, lowest index first, and a [`HwRecord`] of
 //! what the pCPU's hardware holds between contexts lets a load skip every value and control
 //! the hardware already holds, so a switch costs the accesses of what must change. A load
-//! (`bank/load.rs`) first compares a whole bank with the record, one XOR per counter and no
-//! bus call in the loop, and goes counter by counter only when something differs: a vCPU
-//! switched back in where it was saved, the common case, writes nothing but its global
-//! control. The record itself is in `bank/record.rs`.
+//! (`bank/load.rs`) makes one pass per bank, comparing each counter's value and control with
+//! the record and writing at once what differs: a vCPU switched back in where it was saved,
+//! with nothing in between, writes nothing but its global control; after another busy
+//! context the same pass writes the values (and the controls that differ) as it goes, with no
+//! second comparison. The record itself is in `bank/record.rs`.
 //!
 //! The loops are generic over the map but meant to be inlined into a vendor's save and load
 //! with the map as a constant (every field the enumeration does not decide: Intel's MSR
@@ -165,8 +166,15 @@ pub enum SaveControls {
 }
 
 /// Saves the counters of `set` from the hardware into `ctx`, recording in `record` the values
-/// read and the controls left on the hardware. A fault leaves `record` knowing nothing.
-#[inline]
+/// read and the controls left on the hardware. Returns the counters of `set` with a slot in
+/// the context whose value read 0 (a vendor that drops idle counters after a save asks only
+/// about those). A fault leaves `record` knowing nothing.
+///
+/// Always inlined, as [`load`] is, so that a vendor's constant map is folded into it (AMD
+/// calls it from two places, one per map; an unrelated change elsewhere in a vendor crate
+/// once tipped the compiler's heuristics into an out-of-line copy that cost a switch pair
+/// 150 instructions).
+#[inline(always)]
 pub fn save<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
     ctx: &mut C,
@@ -174,7 +182,7 @@ pub fn save<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     controls: SaveControls,
     hw: &mut B,
     record: &mut HwRecord,
-) -> Result<(), MsrFault> {
+) -> Result<CounterSet, MsrFault> {
     let result = match controls {
         SaveControls::Keep => save_keeping_controls(banks, ctx, set, hw, record),
         SaveControls::Clear => clear_controls(banks, ctx, set, hw, record)
@@ -189,33 +197,35 @@ pub fn save<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
 /// [`SaveControls::Keep`]: per bank, one pass reads the counters and records the values read
 /// and, for per-counter controls, the controls left programmed (a shared control is recorded
 /// once after it); the record's masks are updated once per bank.
-#[inline]
+#[inline(always)]
 fn save_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
     ctx: &mut C,
     set: CounterSet,
     hw: &mut B,
     record: &mut HwRecord,
-) -> Result<(), MsrFault> {
+) -> Result<CounterSet, MsrFault> {
     // The first two banks written out (every vendor has one or two): each copy is then
     // specialised to its bank, whose map a vendor may hand in as a constant, whatever the
     // compiler's unrolling heuristics make of a loop over them.
+    let mut read_zero = 0u64;
     if let Some(map) = banks.first() {
-        save_bank_keeping_controls(map, 0, ctx, set, hw, record)?;
+        read_zero |= save_bank_keeping_controls(map, 0, ctx, set, hw, record)?;
     }
     if let Some(map) = banks.get(1) {
-        save_bank_keeping_controls(map, 1, ctx, set, hw, record)?;
+        read_zero |= save_bank_keeping_controls(map, 1, ctx, set, hw, record)?;
     }
     // Any further banks (no vendor has them), behind a test of the constant N.
     if N > 2 {
         for (bank, map) in banks.iter().enumerate().skip(2) {
-            save_bank_keeping_controls(map, bank, ctx, set, hw, record)?;
+            read_zero |= save_bank_keeping_controls(map, bank, ctx, set, hw, record)?;
         }
     }
-    Ok(())
+    Ok(CounterSet(read_zero))
 }
 
-/// [`save_keeping_controls`] for bank `bank`, whose map is `map`.
+/// [`save_keeping_controls`] for bank `bank`, whose map is `map`; the counters with a slot
+/// that read 0, as [`CounterSet`] bits.
 #[inline(always)]
 fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
     map: &BankMap,
@@ -224,10 +234,10 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
     set: CounterSet,
     hw: &mut B,
     record: &mut HwRecord,
-) -> Result<(), MsrFault> {
+) -> Result<u64, MsrFault> {
     let own = map.indices(set).0;
     if own == 0 {
-        return Ok(());
+        return Ok(0);
     }
     let first = map.first_bit;
     let (values, images) = ctx.saved_mut(bank);
@@ -244,7 +254,7 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
         // indices, so the order of the reads is unchanged), by an index the mask keeps in
         // range: with a vendor's constant slot counts the compiler checks no bound.
         let both = saved & slots(images.len());
-        let mut zero = 0u32;
+        let mut read_zero = 0u32;
         let mut bits = both;
         while bits != 0 {
             let index = bits.trailing_zeros();
@@ -255,10 +265,16 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
             recorded_values[position] = value;
             let image = images[index as usize];
             recorded_controls[position] = image;
-            zero |= u32::from(image == 0) << index;
+            // A branch to an out-of-line update: a counter in use almost never reads 0.
+            if value == 0 {
+                read_zero = with_bit(read_zero, index);
+            }
         }
         // The others (no vendor's): read, the value kept only with a slot, the image 0
-        // without one.
+        // without one. Only these mark their zero controls in the record's known-0 mask: the
+        // mask may miss a zero image (see `HwRecord::zero_controls`), which costs the loop
+        // above a test per counter it never needs.
+        let mut zero = 0u32;
         let mut bits = own & !both;
         while bits != 0 {
             let index = bits.trailing_zeros();
@@ -268,6 +284,9 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
             if let Some(slot) = values.get_mut(index as usize) {
                 *slot = value;
                 recorded_values[position] = value;
+                if value == 0 {
+                    read_zero = with_bit(read_zero, index);
+                }
             }
             let image = images.get(index as usize).map_or(0, |&c| c);
             recorded_controls[position] = image;
@@ -277,8 +296,9 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
         record.values_known |= map.set(saved).0;
         record.controls_known |= recorded;
         record.controls_zero = record.controls_zero & !recorded | map.set(zero).0;
-        return Ok(());
+        return Ok(map.set(read_zero).0);
     }
+    let mut read_zero = 0u32;
     let mut bits = own;
     match record.values.get_mut(first as usize..) {
         Some(window) if window.len() >= 32 => {
@@ -293,6 +313,9 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
                 values[index as usize] = value;
                 if let Some(recorded) = window.get_mut((index & 31) as usize) {
                     *recorded = value;
+                }
+                if value == 0 {
+                    read_zero |= 1 << index;
                 }
             }
             let mut bits = own & !saved;
@@ -310,6 +333,9 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
                 if let Some(slot) = values.get_mut(index as usize) {
                     *slot = value;
                     record.values[((first + index) & 63) as usize] = value;
+                    if value == 0 {
+                        read_zero |= 1 << index;
+                    }
                 }
             }
         }
@@ -366,7 +392,7 @@ fn save_bank_keeping_controls<C: CounterBanks + ?Sized, B: MsrBus>(
     };
     record.controls_known |= recorded;
     record.controls_zero = record.controls_zero & !recorded | zero;
-    Ok(())
+    Ok(map.set(read_zero).0)
 }
 
 /// Writes the saved values of the counters of `set` to the hardware, without their controls:
@@ -415,17 +441,21 @@ fn read_counters<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     set: CounterSet,
     hw: &mut B,
     record: &mut HwRecord,
-) -> Result<(), MsrFault> {
+) -> Result<CounterSet, MsrFault> {
+    let mut read_zero = CounterSet::EMPTY;
     for (bank, map) in banks.iter().enumerate() {
         for index in map.indices(set) {
             let value = map.read_counter(hw, index)?;
             if let Some(slot) = ctx.saved_mut(bank).0.get_mut(index as usize) {
                 *slot = value;
                 record.set_value(map.first_bit + index, Some(value));
+                if value == 0 {
+                    read_zero = read_zero.union(map.counter(index));
+                }
             }
         }
     }
-    Ok(())
+    Ok(read_zero)
 }
 
 /// Writes 0 to the non-zero hardware controls of the counters of `set` (stopping them) and
@@ -506,6 +536,15 @@ fn window_mut(recorded: &mut [u64; 64], first: u32) -> Option<&mut [u64; 32]> {
         .get_mut(..32)?
         .try_into()
         .ok()
+}
+
+/// `set` with bit `index` added, out of line: called where a counter in use has a zero
+/// control, which almost never happens, so that the loop keeps a branch not taken instead of
+/// the flag arithmetic (setcc, shift, or) the compiler makes of an inline update.
+#[cold]
+#[inline(never)]
+fn with_bit(set: u32, index: u32) -> u32 {
+    set | 1 << (index & 31)
 }
 
 /// The indices `0..len` as a bitmap.

@@ -8,7 +8,9 @@
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use vpmu_abi::{XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_OFF, XENPMU_MODE_SELF};
+use vpmu_abi::{
+    XENPMU_DOMID_FIRST_RESERVED, XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_OFF, XENPMU_MODE_SELF,
+};
 
 use crate::backend::{GuestPolicy, PmuBackend};
 use crate::msr::{MsrBus, MsrFault};
@@ -82,6 +84,13 @@ impl PolicySnapshot {
         word >> 16
     }
 
+    /// `unpack(word).mode.switches_contexts()`, by one test of the packed word: of the modes
+    /// `pack` stores (the ABI's 0, 1, 2 and 4) self and hv are the ones with bit 0 or 1.
+    #[inline(always)]
+    pub(crate) const fn switches_contexts_of(word: u64) -> bool {
+        word & (XENPMU_MODE_SELF | XENPMU_MODE_HV) != 0
+    }
+
     pub(crate) fn unpack(word: u64) -> Self {
         PolicySnapshot {
             mode: MODE_OF_ABI[(word & 7) as usize],
@@ -104,6 +113,13 @@ const MODE_OF_ABI: [Mode; 8] = {
 // Every feature bit fits the packed word.
 const _: () = assert!(vpmu_abi::XENPMU_FEATURE_MASK <= 0xff);
 
+/// `GuestPolicy::may_count_host` under `mode` of a domain that is (`privileged`) or is not the
+/// privileged one: only the privileged profiler, in hv and all mode.
+#[inline(always)]
+pub(crate) fn may_count_host(mode: Mode, privileged: bool) -> bool {
+    privileged && matches!(mode, Mode::Hypervisor | Mode::All)
+}
+
 /// An error of an entry point that is not the guest's doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoreError {
@@ -117,8 +133,44 @@ pub enum CoreError {
         /// The pCPU holding the vCPU's context.
         loaded_on: u32,
     },
-    /// `attach_pcpu` with an index at or beyond the pCPU count the vPMU was made for.
+    /// `attach_pcpu` with an index at or beyond the pCPU count the vPMU was made for (or
+    /// beyond [`Vpmu::MAX_PCPUS`]).
     NoSuchPcpu(u32),
+    /// `attach_pcpu` of a pCPU that is attached already (and not detached since): a second
+    /// `PcpuPmu` for one CPU would clean the PMU under the first one's contexts.
+    PcpuAlreadyAttached(u32),
+    /// `detach_pcpu` of a pCPU that still runs a vCPU (switch it to none first): its
+    /// context would stay `Loaded` on a pCPU that no longer exists.
+    PcpuRunsVcpu {
+        /// The pCPU.
+        pcpu: u32,
+        /// The vCPU it runs.
+        vcpu: VcpuId,
+    },
+    /// `context_switch` to a vCPU the `VcpuTable` does not hold. The previous vCPU was
+    /// switched out; the pCPU runs none.
+    NoSuchVcpu(VcpuId),
+    /// `new_vcpu` for a domain id in the reserved range (`XENPMU_DOMID_FIRST_RESERVED` and
+    /// up: the page's special identities `XENPMU_DOMID_SELF`, `XENPMU_DOMID_HYPERVISOR`).
+    ReservedDomain(u32),
+}
+
+/// `detach_pcpu` refused: why, and the pCPU's state handed back, still attached.
+pub struct DetachRefused<C, H> {
+    /// Why.
+    pub error: CoreError,
+    /// The pCPU's state, as it was left (still attached: detach it again once the cause is
+    /// gone).
+    pub pcpu: PcpuPmu<C, H>,
+}
+
+impl<C, H> core::fmt::Debug for DetachRefused<C, H> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DetachRefused")
+            .field("error", &self.error)
+            .field("pcpu", &self.pcpu.index)
+            .finish_non_exhaustive()
+    }
 }
 
 impl From<MsrFault> for CoreError {
@@ -177,6 +229,8 @@ pub struct Vpmu<B: PmuBackend> {
     pub(crate) lagging: AtomicU32,
     /// Attached pCPUs: the ones a change waits for.
     online: AtomicU32,
+    /// One bit per attached pCPU index, so that no index is attached twice.
+    attached: [AtomicU64; ATTACHED_WORDS],
     /// The epoch at which all mode was last entered (system-wide instance counts of older
     /// all-mode periods are void).
     pub(crate) all_since: AtomicU64,
@@ -184,8 +238,18 @@ pub struct Vpmu<B: PmuBackend> {
     pub(crate) control: spin::Mutex<()>,
 }
 
+/// `Vpmu::MAX_PCPUS`.
+const MAX_PCPUS: u32 = 8192;
+/// Words of `Vpmu::attached`.
+const ATTACHED_WORDS: usize = (MAX_PCPUS / 64) as usize;
+
 impl<B: PmuBackend> Vpmu<B> {
-    /// A vPMU over `backend` for a host of `pcpus` physical CPUs, starting in `mode`.
+    /// The most physical CPUs one vPMU serves (Linux's largest `NR_CPUS`): `attach_pcpu`
+    /// refuses indices from there up with `CoreError::NoSuchPcpu`.
+    pub const MAX_PCPUS: u32 = MAX_PCPUS;
+
+    /// A vPMU over `backend` for a host of `pcpus` physical CPUs (at most
+    /// [`Vpmu::MAX_PCPUS`] of them can be attached), starting in `mode`.
     pub fn new(backend: B, mode: Mode, pcpus: u32) -> Self {
         Self::with_availability(backend, mode, pcpus, true)
     }
@@ -211,6 +275,7 @@ impl<B: PmuBackend> Vpmu<B> {
             gate: AtomicBool::new(false),
             lagging: AtomicU32::new(0),
             online: AtomicU32::new(0),
+            attached: [const { AtomicU64::new(0) }; ATTACHED_WORDS],
             all_since: AtomicU64::new(0),
             control: spin::Mutex::new(()),
         }
@@ -266,10 +331,18 @@ impl<B: PmuBackend> Vpmu<B> {
         index: u32,
         mut hw: H,
     ) -> Result<PcpuPmu<B::Context, H>, CoreError> {
-        if index >= self.pcpu_count {
+        if index >= self.pcpu_count || index >= MAX_PCPUS {
             return Err(CoreError::NoSuchPcpu(index));
         }
-        self.backend.init_hardware(&mut hw)?;
+        let (word, bit) = Self::attached_bit(index);
+        if self.attached[word].fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            // Its hardware is another `PcpuPmu`'s: not to be touched.
+            return Err(CoreError::PcpuAlreadyAttached(index));
+        }
+        if let Err(fault) = self.backend.init_hardware(&mut hw) {
+            self.attached[word].fetch_and(!bit, Ordering::AcqRel);
+            return Err(fault.into());
+        }
         let _control = self.control.lock();
         let policy = self.policy();
         self.online.fetch_add(1, Ordering::AcqRel);
@@ -281,33 +354,61 @@ impl<B: PmuBackend> Vpmu<B> {
     }
 
     /// Takes physical CPU `pcpu` out of service (CPU offline, or the end of a VMM run): it
-    /// must run no vCPU; catches it up with a change in progress, drops its system-wide
-    /// context (its profiler no longer counts it as an instance, so the profiler's finish does
-    /// not wait for this pCPU), and returns the hardware. Later changes do not wait for it.
+    /// must run no vCPU (`context_switch` it to `None` first; else `CoreError::PcpuRunsVcpu`);
+    /// catches it up with a change in progress, drops its system-wide context (its profiler no
+    /// longer counts it as an instance, so the profiler's finish does not wait for this pCPU),
+    /// and returns the hardware. Later changes do not wait for it, and its index may be
+    /// attached again. A refusal hands the state back, still attached ([`DetachRefused`]).
+    // The refusal hands back the `PcpuPmu` the call took by value (no heap to box it in): as
+    // large as the argument, on a cold path.
+    #[allow(clippy::result_large_err)]
     pub fn detach_pcpu<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
         &self,
         platform: &mut P,
         mut pcpu: PcpuPmu<B::Context, H>,
         vcpus: &T,
-    ) -> Result<H, CoreError> {
+    ) -> Result<H, DetachRefused<B::Context, H>> {
+        if let Some(vcpu) = pcpu.current {
+            let error = CoreError::PcpuRunsVcpu {
+                pcpu: pcpu.index,
+                vcpu,
+            };
+            return Err(DetachRefused { error, pcpu });
+        }
         let _control = self.control.lock();
-        self.catch_up(platform, &mut pcpu, None)?;
+        if let Err(error) = self.catch_up(platform, &mut pcpu, None) {
+            return Err(DetachRefused { error, pcpu });
+        }
         let owner = match &pcpu.system {
             crate::state::SystemContext::Loaded { profiler, .. }
             | crate::state::SystemContext::Cached { profiler, .. } => Some(*profiler),
             crate::state::SystemContext::Absent => None,
         };
-        self.drop_system_context(platform, &mut pcpu)?;
+        if let Err(error) = self.drop_system_context(platform, &mut pcpu) {
+            return Err(DetachRefused { error, pcpu });
+        }
         if let Some(profiler) = owner {
             vcpus.with_vcpu(profiler, &mut |p| self.count_instance(p, false));
         }
         self.online.fetch_sub(1, Ordering::AcqRel);
+        let (word, bit) = Self::attached_bit(pcpu.index);
+        self.attached[word].fetch_and(!bit, Ordering::AcqRel);
         Ok(pcpu.hw)
     }
 
-    /// A fresh per-vCPU state for `id`.
-    pub fn new_vcpu(&self, id: VcpuId) -> VcpuPmu<B::Context> {
-        VcpuPmu::new(id, self.backend.new_context())
+    /// The word and bit of `index` (below `MAX_PCPUS`) in `attached`.
+    fn attached_bit(index: u32) -> (usize, u64) {
+        ((index / 64) as usize, 1 << (index % 64))
+    }
+
+    /// A fresh per-vCPU state for `id`. Its domain id must lie below
+    /// `XENPMU_DOMID_FIRST_RESERVED` (`CoreError::ReservedDomain`): the ids from there up are
+    /// the page's special identities, which a sample of the vCPU would be mistaken for.
+    pub fn new_vcpu(&self, id: VcpuId) -> Result<VcpuPmu<B::Context>, CoreError> {
+        if id.domain >= XENPMU_DOMID_FIRST_RESERVED {
+            return Err(CoreError::ReservedDomain(id.domain));
+        }
+        Ok(VcpuPmu::new(id, self.backend.new_context()))
     }
 
     /// Whether `vcpu` has a vPMU under `policy`.
@@ -327,11 +428,22 @@ impl<B: PmuBackend> Vpmu<B> {
         platform: &'p P,
         domain: u32,
     ) -> GuestPolicy<'p> {
-        let privileged = domain == platform.privileged_domain();
+        self.guest_policy_of(policy, platform, domain, platform.privileged_domain())
+    }
+
+    /// [`Vpmu::guest_policy`] with the platform's privileged domain already asked.
+    #[inline]
+    pub(crate) fn guest_policy_of<'p, P: Platform>(
+        &self,
+        policy: PolicySnapshot,
+        platform: &'p P,
+        domain: u32,
+        privileged: u32,
+    ) -> GuestPolicy<'p> {
         GuestPolicy {
             features: policy.features,
             filter: platform.event_filter(domain),
-            may_count_host: privileged && matches!(policy.mode, Mode::Hypervisor | Mode::All),
+            may_count_host: may_count_host(policy.mode, domain == privileged),
         }
     }
 
@@ -428,17 +540,20 @@ impl<B: PmuBackend> Vpmu<B> {
         })
     }
 
-    /// In all mode, the pCPUs privileged vCPU `vcpu` profiles (p mod n == vcpu).
+    /// In all mode, the pCPUs vCPU `vcpu` of `privileged` (the platform's privileged domain,
+    /// which the caller asked) profiles (p mod n == vcpu): stepped through, every n-th from
+    /// `vcpu`, not found by testing every pCPU (a write of the profiler fans out to its pCPUs
+    /// only).
     pub(crate) fn profiled_pcpus<P: Platform>(
         &self,
         platform: &P,
+        privileged: u32,
         vcpu: u32,
     ) -> impl Iterator<Item = u32> + use<B, P> {
-        let n = platform
-            .vcpu_count(platform.privileged_domain())
-            .unwrap_or(0)
-            .max(1);
-        (0..self.pcpu_count).filter(move |p| p % n == vcpu)
+        let n = platform.vcpu_count(privileged).unwrap_or(0).max(1);
+        // A vCPU beyond the count profiles nothing.
+        let first = if vcpu < n { vcpu } else { self.pcpu_count };
+        (first..self.pcpu_count).step_by(n as usize)
     }
 }
 

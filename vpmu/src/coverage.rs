@@ -7,10 +7,14 @@
 //! empty profile. Without the feature the operation is `-EOPNOTSUPP` and only that answer is
 //! compiled: the default build carries no coverage code.
 //!
-//! Check order, as for every operation (docs/abi.md): built in, version, privilege, arguments,
-//! then the buffer. A read into a buffer smaller than the profile fails with `-ENOBUFS`
+//! Check order, as for every operation (docs/abi.md): a vPMU at all (`Vpmu::control_op` answers
+//! `-EOPNOTSUPP` for a `Vpmu::unavailable` before this runs) and built in, version, privilege,
+//! arguments, then the buffer. A read into a buffer smaller than the profile fails with `-ENOBUFS`
 //! carrying the size needed; a buffer the platform cannot write fails with `-EFAULT` (bytes
-//! before the fault may have been written: the buffer is the caller's own memory).
+//! before the fault may have been written: the buffer is the caller's own memory). A buffer
+//! whose `size` bytes would wrap past 2^64 fails with `-EFAULT` before anything is written:
+//! every range handed to `Platform::write_guest` lies within `buffer .. buffer + size`, and
+//! that range fits in 64 bits.
 
 #[cfg(feature = "coverage")]
 use vpmu_abi::XENPMU_VERSION_MAJOR;
@@ -105,11 +109,12 @@ mod runtime {
     impl<P: Platform> CoverageWriter for GuestBuffer<'_, P> {
         fn write(&mut self, data: &[u8]) -> Result<(), CoverageWriteError> {
             let end = self.written + data.len() as u64;
+            // `at + limit` fits in 64 bits (`read` checked it), so no range here wraps.
             let ok = end <= self.limit
+                && self.at.checked_add(end).is_some()
                 && self
-                    .at
-                    .checked_add(self.written)
-                    .is_some_and(|address| self.platform.write_guest(self.caller, address, data));
+                    .platform
+                    .write_guest(self.caller, self.at + self.written, data);
             if !ok {
                 return Err(CoverageWriteError);
             }
@@ -119,13 +124,17 @@ mod runtime {
     }
 
     /// Writes the profile into the caller's `size`-byte buffer at `buffer`; the bytes
-    /// written. A write the platform refuses (or one past `size`) is `-EFAULT`.
+    /// written. A write the platform refuses (or one past `size`) is `-EFAULT`, and so is a
+    /// buffer that wraps past 2^64, refused before anything is written.
     pub(super) fn read<P: Platform>(
         platform: &mut P,
         caller: VcpuId,
         buffer: u64,
         size: u32,
     ) -> Result<u32, OpError> {
+        if buffer.checked_add(u64::from(size)).is_none() {
+            return Err(OpError::BadAddress);
+        }
         let mut sink = GuestBuffer {
             platform,
             caller,

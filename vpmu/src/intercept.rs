@@ -5,7 +5,7 @@
 //! other pCPUs must do is sent to them as a request.
 
 use crate::backend::{GuestPolicy, MsrOutcome, PmuBackend};
-use crate::core::{CoreError, Mode, PolicySnapshot, Vpmu};
+use crate::core::{CoreError, Mode, PolicySnapshot, Vpmu, may_count_host};
 use crate::msr::{Msr, MsrBus};
 use crate::platform::Platform;
 use crate::request::CrossCpuRequest;
@@ -63,9 +63,10 @@ impl<B: PmuBackend> Vpmu<B> {
         } else if policy.mode == Mode::All {
             self.system_read(platform, pcpu, vcpu, register)?
         } else {
-            self.allow_fast_entry(policy, platform, pcpu, vcpu);
-            let hw =
-                (vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index })).then_some(&mut pcpu.hw);
+            let may_count_host = may_count_host(policy.mode, vcpu.id.domain == privileged);
+            self.allow_fast_entry(policy, may_count_host, pcpu, vcpu);
+            let hw = matches!(vcpu.state, VcpuState::Loaded { pcpu: here } if here == pcpu.index)
+                .then_some(&mut pcpu.hw);
             self.backend.read_register(&mut vcpu.ctx, hw, register)?
         };
         if outcome == MsrOutcome::GeneralProtection {
@@ -138,7 +139,8 @@ impl<B: PmuBackend> Vpmu<B> {
         self.write_entered(platform, pcpu, vcpu, register, msr, value)
     }
 
-    /// A guest WRMSR of `register` that takes the full entry.
+    /// A guest WRMSR of `register` that takes the full entry (one frame: a first use's
+    /// accounting is inlined here too).
     #[inline(never)]
     fn write_entered<P: Platform, H: MsrBus>(
         &self,
@@ -154,12 +156,12 @@ impl<B: PmuBackend> Vpmu<B> {
             msr,
             value,
         };
-        let outcome = if vcpu.in_use() {
-            // No write makes a vCPU unused again: nothing to account.
-            self.write_claimed(platform, pcpu, vcpu, write)?
-        } else {
-            self.first_use_write(platform, pcpu, vcpu, write)?
-        };
+        if !vcpu.in_use() {
+            return self.first_use_write(platform, pcpu, vcpu, write);
+        }
+        // No write makes a vCPU unused again: nothing to account.
+        let privileged = platform.privileged_domain();
+        let outcome = self.write_claimed(platform, privileged, pcpu, vcpu, write)?;
         if outcome == MsrOutcome::GeneralProtection {
             vcpu.stats.gp_faults += 1;
         }
@@ -169,8 +171,7 @@ impl<B: PmuBackend> Vpmu<B> {
     /// A WRMSR by a vCPU that does not use its vPMU yet: an unprivileged one counts as in use
     /// from before the write (a first use waits for a change checking that none exists, then
     /// sees its policy) and is accounted by what the write made of it.
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     fn first_use_write<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
@@ -183,22 +184,27 @@ impl<B: PmuBackend> Vpmu<B> {
         if claimed {
             self.claim_use();
         }
-        let outcome = self.write_claimed(platform, pcpu, vcpu, write);
+        let outcome = self.write_claimed(platform, privileged, pcpu, vcpu, write);
         self.settle_use(privileged, vcpu, false, claimed);
+        if outcome == Ok(MsrOutcome::GeneralProtection) {
+            vcpu.stats.gp_faults += 1;
+        }
         outcome
     }
 
+    /// A WRMSR through the full entry; `privileged` is the platform's privileged domain (asked
+    /// once per intercept).
     #[inline(always)]
     fn write_claimed<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
+        privileged: u32,
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
         write: GuestWrite<B::Register>,
     ) -> Result<MsrOutcome<()>, CoreError> {
         let policy = self.enter(platform, pcpu, vcpu)?;
         vcpu.stats.msr_writes += 1;
-        let privileged = platform.privileged_domain();
         if !self.has_vpmu(policy, privileged, vcpu.id) {
             return Ok(MsrOutcome::GeneralProtection);
         }
@@ -208,22 +214,27 @@ impl<B: PmuBackend> Vpmu<B> {
             return Ok(MsrOutcome::GeneralProtection);
         }
         if policy.mode == Mode::All {
-            return self.system_write(platform, policy, pcpu, vcpu, write);
+            return self.system_write(platform, privileged, policy, pcpu, vcpu, write);
         }
-        self.allow_fast_entry(policy, platform, pcpu, vcpu);
-        let guest = self.guest_policy(policy, platform, vcpu.id.domain);
-        let loaded = vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index });
+        // The guest policy, made once (the filter is the platform's, asked once).
+        let guest = self.guest_policy_of(policy, platform, vcpu.id.domain, privileged);
+        self.allow_fast_entry(policy, guest.may_count_host, pcpu, vcpu);
+        let loaded = matches!(vcpu.state, VcpuState::Loaded { pcpu: here } if here == pcpu.index);
         let hw = loaded.then_some(&mut pcpu.hw);
         let outcome =
             self.backend
                 .write_register(&mut vcpu.ctx, hw, &guest, write.register, write.value)?;
         if outcome == MsrOutcome::Handled(()) {
-            if vcpu.state == VcpuState::Allocated {
+            if matches!(vcpu.state, VcpuState::Allocated) {
                 vcpu.state = VcpuState::Saved;
             }
             // First use on this pCPU: a context that now has something enabled goes onto
-            // the hardware it runs on.
-            self.load_if_active(platform, policy, pcpu, vcpu)?;
+            // the hardware it runs on. One that has nothing to run (a counter value written
+            // before its control) is not even looked at for loading: `enter` settled it with
+            // `policy` already, which is all the load would have done before finding it idle.
+            if matches!(vcpu.state, VcpuState::Saved) && self.backend.is_active(&vcpu.ctx) {
+                self.load_if_active(platform, policy, pcpu, vcpu)?;
+            }
         }
         Ok(outcome)
     }
@@ -240,7 +251,7 @@ impl<B: PmuBackend> Vpmu<B> {
         let word = self.policy_word();
         (vcpu.fast.word == word
             && pcpu.seen.epoch == PolicySnapshot::unpack(word).epoch
-            && vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index }))
+            && matches!(vcpu.state, VcpuState::Loaded { pcpu: here } if here == pcpu.index))
         .then_some(word)
     }
 
@@ -248,10 +259,11 @@ impl<B: PmuBackend> Vpmu<B> {
     /// contexts: the vCPU's next intercepts under the same policy may take the fast path,
     /// if this pCPU has caught up with it and the context was validated against it (the
     /// entry may leave either to a later call).
-    fn allow_fast_entry<P: Platform, H: MsrBus>(
+    /// `may_count_host` is the vCPU's `GuestPolicy::may_count_host` under `policy`.
+    fn allow_fast_entry<H: MsrBus>(
         &self,
         policy: PolicySnapshot,
-        platform: &P,
+        may_count_host: bool,
         pcpu: &PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) {
@@ -261,9 +273,7 @@ impl<B: PmuBackend> Vpmu<B> {
         {
             vcpu.fast = FastIntercepts {
                 word: policy.pack(),
-                may_count_host: self
-                    .guest_policy(policy, platform, vcpu.id.domain)
-                    .may_count_host,
+                may_count_host,
             };
         }
     }
@@ -315,13 +325,20 @@ impl<B: PmuBackend> Vpmu<B> {
         Ok(policy)
     }
 
-    /// Whether privileged vCPU `vcpu` profiles `pcpu` in all mode.
+    /// Whether privileged vCPU `vcpu` profiles `pcpu` in all mode. An instance on `pcpu`
+    /// names the profiler it was made for (`profiler_of` of the pCPU then): only without one
+    /// is the platform asked.
     fn profiles<P: Platform, H>(
         platform: &P,
         pcpu: &PcpuPmu<B::Context, H>,
         vcpu: &VcpuPmu<B::Context>,
     ) -> bool {
-        Self::profiler_of(platform, pcpu.index) == Some(vcpu.id)
+        match pcpu.system {
+            SystemContext::Loaded { profiler } | SystemContext::Cached { profiler } => {
+                profiler == vcpu.id
+            }
+            SystemContext::Absent => Self::profiler_of(platform, pcpu.index) == Some(vcpu.id),
+        }
     }
 
     fn system_read<P: Platform, H: MsrBus>(
@@ -357,12 +374,13 @@ impl<B: PmuBackend> Vpmu<B> {
     fn system_write<P: Platform, H: MsrBus>(
         &self,
         platform: &mut P,
+        privileged: u32,
         policy: PolicySnapshot,
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
         write: GuestWrite<B::Register>,
     ) -> Result<MsrOutcome<()>, CoreError> {
-        let guest = self.guest_policy(policy, platform, vcpu.id.domain);
+        let guest = self.guest_policy_of(policy, platform, vcpu.id.domain, privileged);
         // The program is validated first: one verdict for every instance.
         let program = vcpu
             .program
@@ -377,14 +395,14 @@ impl<B: PmuBackend> Vpmu<B> {
         if outcome != MsrOutcome::Handled(()) {
             return Ok(outcome);
         }
-        if vcpu.state == crate::state::VcpuState::Allocated {
+        if matches!(vcpu.state, VcpuState::Allocated) {
             vcpu.state = VcpuState::Saved;
         }
         let here = pcpu.index;
         if Self::profiles(platform, pcpu, vcpu) {
-            self.write_system_instance(platform, pcpu, vcpu, write.msr, write.value)?;
+            self.write_system_instance(pcpu, vcpu, policy, &guest, write.register, write.value)?;
         }
-        for other in self.profiled_pcpus(platform, vcpu.id.vcpu) {
+        for other in self.profiled_pcpus(platform, privileged, vcpu.id.vcpu) {
             if other != here {
                 let request = CrossCpuRequest::SystemWrite {
                     profiler: vcpu.id,

@@ -36,8 +36,9 @@ mod pmi;
 pub mod request;
 mod state;
 mod switch;
+mod teardown;
 
-pub use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
+pub use crate::core::{CoreError, DetachRefused, Mode, PolicySnapshot, VcpuTable, Vpmu};
 pub use backend::{
     AllowAll, BackendError, ContextError, CounterSet, EventFilter, GuestPolicy, Indices,
     MsrOutcome, Overflow, PmuBackend, PmuCapabilities, PublishedImages, RawEvent, Vendor,

@@ -12,7 +12,7 @@ use vpmu_abi::{XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR};
 use crate::backend::{ContextError, GuestPolicy, PmuBackend, PublishedImages};
 use crate::core::{Mode, PolicySnapshot, VcpuTable, Vpmu};
 use crate::msr::MsrBus;
-use crate::platform::{Diagnostic, MapError, Platform, VcpuId};
+use crate::platform::{Diagnostic, MapError, PageSlot, Platform, VcpuId};
 use crate::request::{ChangeRefused, Completion, CrossCpuRequest};
 use crate::state::{
     ImagesUnder, PcpuPmu, PendingChange, PolicyChange, SampleSource, SharedPage, SystemContext,
@@ -62,14 +62,15 @@ impl<B: PmuBackend> Vpmu<B> {
         params: &Params,
     ) -> Result<Params, OpError> {
         let op = Op::from_number(op)?;
+        // Step 1 for every operation, coverage's included: a hypervisor without a vPMU has none.
+        if !self.available {
+            return Err(OpError::NotSupported);
+        }
         if op == Op::Coverage {
-            // Its own block layout and checks (coverage.rs); independent of the PMU.
+            // Its own block layout and checks (coverage.rs).
             return self
                 .coverage_op(platform, caller, &CoverageParams::from(*params))
                 .map(Params::from);
-        }
-        if !self.available {
-            return Err(OpError::NotSupported);
         }
         if op != Op::ModeGet && params.version.major != u32::from(XENPMU_VERSION_MAJOR) {
             return Err(OpError::VersionMismatch);
@@ -101,15 +102,7 @@ impl<B: PmuBackend> Vpmu<B> {
             Op::Init => self.init(platform, vcpus, caller, params)?,
             Op::Finish => {
                 let target = self.target(platform, caller, params.vcpu)?;
-                let mut registered = false;
-                vcpus.with_vcpu(target, &mut |v| registered = v.page.is_some());
-                if !registered {
-                    return Err(OpError::NoVpmu);
-                }
-                let done = self
-                    .teardown_vcpu(platform, pcpu, vcpus, target)
-                    .map_err(|_| OpError::InvalidContext)?;
-                completion(done)?;
+                self.finish(platform, pcpu, vcpus, caller, target)?;
             }
             Op::LvtpcSet => {
                 let mut result = Err(OpError::InvalidArgument);
@@ -410,7 +403,7 @@ impl<B: PmuBackend> Vpmu<B> {
                 // was.
                 clear_vendor_words(&mut pcpu.page_copy, words);
                 let verified = verified.ok_or(OpError::InvalidArgument)?;
-                Self::accepted(platform, vcpu.id, verified)?;
+                Self::accepted(platform, vcpu.id, page.slot, verified)?;
                 pcpu.system_images = ImagesUnder::Epoch(policy.epoch);
                 let ctx = &pcpu.system_ctx;
                 if Self::load_on(&self.backend, ctx, &mut pcpu.hw, &mut pcpu.record).is_err() {
@@ -443,7 +436,7 @@ impl<B: PmuBackend> Vpmu<B> {
                 // was.
                 clear_vendor_words(&mut pcpu.page_copy, words);
                 let verified = verified.ok_or(OpError::InvalidArgument)?;
-                Self::accepted(platform, vcpu.id, verified)?;
+                Self::accepted(platform, vcpu.id, page.slot, verified)?;
                 self.place_flushed(platform, policy, pcpu, vcpu, from, cached, ctx)?;
             }
         }
@@ -532,23 +525,43 @@ impl<B: PmuBackend> Vpmu<B> {
         }
     }
 
-    /// A flushed page's verdict: a refusal is reported (which register) and is `-EIO`.
+    /// A flushed page's verdict: a refusal is reported to the platform and, in the page's
+    /// `flush_refusal` (which register, why: docs/abi.md, version 1.3), to the owner, and is
+    /// `-EIO`.
     #[inline(always)]
     fn accepted<P: Platform>(
         platform: &mut P,
         vcpu: VcpuId,
+        slot: PageSlot,
         verdict: PageVerdict,
     ) -> Result<(), OpError> {
         if verdict.images_differ {
             platform.diagnostic(Diagnostic::PublishedImagesDiffer { vcpu });
         }
-        verdict.verified.map_err(|error| {
-            platform.diagnostic(Diagnostic::InvalidContextAtFlush {
-                vcpu,
-                register: error.register,
-            });
-            OpError::InvalidContext
-        })
+        match verdict.verified {
+            Ok(()) => Ok(()),
+            Err(error) => Err(Self::refused(platform, vcpu, slot, &error)),
+        }
+    }
+
+    /// Out of line: only a refused page gets here.
+    #[cold]
+    #[inline(never)]
+    fn refused<P: Platform>(
+        platform: &mut P,
+        vcpu: VcpuId,
+        slot: PageSlot,
+        error: &ContextError,
+    ) -> OpError {
+        platform.diagnostic(Diagnostic::InvalidContextAtFlush {
+            vcpu,
+            register: error.register,
+        });
+        let refusal = error.refusal();
+        platform.with_page(slot, |page| {
+            vpmu_abi::writer::set_flush_refusal(page, refusal)
+        });
+        OpError::InvalidContext
     }
 }
 

@@ -16,7 +16,8 @@ pub struct VcpuId {
     /// Domain id, below `XENPMU_DOMID_FIRST_RESERVED` (0x7FF0): the ids from there up are the
     /// page's special identities (`XENPMU_DOMID_SELF`, `XENPMU_DOMID_HYPERVISOR`). The core
     /// drops an all-mode sample of a vCPU whose domain is in that range rather than publish it
-    /// under a special identity; integrators should not create such vCPUs at all.
+    /// under a special identity, and `Vpmu::new_vcpu` refuses to make such a vCPU
+    /// (`CoreError::ReservedDomain`).
     pub domain: u32,
     /// vCPU index within the domain.
     pub vcpu: u32,
@@ -101,8 +102,9 @@ pub enum LvtpcDelivery {
     Queued,
 }
 
-/// Guest-reachable diagnostics. The platform must rate-limit them (a guest can trigger them at
-/// will; Xen's XSA-152 was log flooding through exactly such messages).
+/// Diagnostics: guest-reachable ones, which the platform must rate-limit (a guest can trigger
+/// them at will; Xen's XSA-152 was log flooding through exactly such messages), and
+/// integration bugs the core detected (`PmiOfAnotherVcpu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Diagnostic {
     /// A flush was refused because the guest-edited context failed verification.
@@ -129,6 +131,17 @@ pub enum Diagnostic {
     SampleDropped {
         /// The receiving vCPU.
         vcpu: VcpuId,
+    },
+    /// A PMI of `loaded`'s counters, on the pCPU where it runs, interrupted another vCPU,
+    /// `interrupted`, by what `Platform::interrupted` / `interruption` answered: the platform
+    /// disagrees with the core about what the pCPU runs (`Vpmu::context_switch` not called,
+    /// or its state stale). Not guest-reachable: an integration bug. The PMI is dropped
+    /// (counted in `loaded`'s `VcpuStats::pmis_dropped`) rather than attributed to either.
+    PmiOfAnotherVcpu {
+        /// The vCPU whose context is loaded on the pCPU.
+        loaded: VcpuId,
+        /// The vCPU the platform says was interrupted.
+        interrupted: VcpuId,
     },
     /// Debug builds only: a flush took the published hardware images of the controls the
     /// guest left unedited (`PublishedImages::Current`), and judging them again under its
@@ -160,6 +173,17 @@ pub trait Platform {
     fn unmap_page(&mut self, slot: PageSlot);
 
     /// Runs `access` on the page behind `slot`; `None` if the slot is not mapped.
+    ///
+    /// The `&mut Page` must be the hypervisor's **private copy** of the page for the duration
+    /// of the call — copied in from the guest frame before `access` runs and, if the core
+    /// wrote it, copied back after — never a reference into memory the guest (another of its
+    /// vCPUs, a device) can write meanwhile. The core reads a field once and acts on what it
+    /// read (a flush verifies the vendor area it copied, the LVTPC mask, the published
+    /// sample), and Rust's `&mut` promises no one else writes the memory while it is held: a
+    /// reference into live guest memory breaks that promise (undefined behaviour) and lets
+    /// the guest change a value between its check and its use. Copy exactly the page (4 KiB),
+    /// and write back only what the core changed, so that a guest's concurrent writes to
+    /// other fields are not undone (the reference VMM's `with_page` does both).
     fn with_page<R>(&mut self, slot: PageSlot, access: impl FnOnce(&mut Page) -> R) -> Option<R>;
 
     /// Delivers a PMI to `vcpu` through its virtual LVTPC, and sets the LVTPC mask bit after

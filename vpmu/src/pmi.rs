@@ -193,6 +193,19 @@ impl<B: PmuBackend> Vpmu<B> {
             None => platform.interruption(pcpu.index),
         };
         let Some(context) = self.own_sample_context(platform, vcpu.id, at) else {
+            let interrupted = match at {
+                Interruption::Guest(id)
+                | Interruption::Hypervisor {
+                    on_behalf_of: Some(id),
+                } => Some(id),
+                Interruption::Hypervisor { on_behalf_of: None } => None,
+            };
+            if let Some(interrupted) = interrupted.filter(|&id| id != vcpu.id) {
+                platform.diagnostic(Diagnostic::PmiOfAnotherVcpu {
+                    loaded: vcpu.id,
+                    interrupted,
+                });
+            }
             vcpu.stats.pmis_dropped += 1;
             return Ok(PmiOutcome::Dropped {
                 to: vcpu.id,

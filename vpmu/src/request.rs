@@ -15,9 +15,8 @@
 
 use core::sync::atomic::Ordering;
 
-use crate::backend::MsrOutcome;
-use crate::backend::PmuBackend;
-use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu};
+use crate::backend::{GuestPolicy, MsrOutcome, PmuBackend};
+use crate::core::{CoreError, Mode, PolicySnapshot, VcpuTable, Vpmu, may_count_host};
 use crate::msr::{Msr, MsrBus};
 use crate::platform::{Platform, VcpuId};
 use crate::state::{ImagesUnder, PcpuPmu, SystemContext, VcpuPmu, VcpuState};
@@ -28,9 +27,11 @@ pub enum CrossCpuRequest {
     /// Bring this pCPU in line with the newest policy epoch (save or restrict what is loaded
     /// here, drop a system-wide context when all mode ends).
     CatchUp,
-    /// Save `vcpu`'s context off this pCPU if it is loaded here (finish of a sibling that runs
-    /// here).
-    Unload {
+    /// Tear `vcpu`'s vPMU down here if its context is loaded here (it runs here): a finish or
+    /// `Vpmu::teardown_vcpu` called on another pCPU. The vCPU counts until this request is
+    /// handled, and its teardown is whole then (see `Vpmu::teardown_vcpu`). If it is no longer
+    /// loaded here, nothing: the caller's next try finds it elsewhere.
+    Teardown {
         /// The vCPU.
         vcpu: VcpuId,
     },
@@ -83,14 +84,12 @@ impl<B: PmuBackend> Vpmu<B> {
         let mut result = Ok(());
         match request {
             CrossCpuRequest::CatchUp => {}
-            CrossCpuRequest::Unload { vcpu } => {
+            CrossCpuRequest::Teardown { vcpu } => {
                 vcpus.with_vcpu(vcpu, &mut |v| {
                     if v.state == (VcpuState::Loaded { pcpu: here }) {
-                        result = self.save_vcpu(pcpu, v).map(|_| ());
-                        if result.is_ok() && v.running_on == Some(here) {
-                            // It keeps running here: an overflow the save found is its now.
-                            result = self.deliver_pending(platform, pcpu, v).map(|_| ());
-                        }
+                        // Saving stops its counters: the teardown happens now, whole, rather
+                        // than leave it running with nothing counting until the caller's retry.
+                        result = self.teardown_local(platform, pcpu, v);
                     }
                 });
             }
@@ -99,13 +98,42 @@ impl<B: PmuBackend> Vpmu<B> {
                 msr,
                 value,
             } => {
-                if self.policy().mode != Mode::All
-                    || Self::profiler_of(platform, here) != Some(profiler)
-                {
+                let policy = self.policy();
+                if policy.mode != Mode::All {
                     return Ok(());
                 }
+                // An instance here names the profiler it was made for (`profiler_of` of this
+                // pCPU then, a vCPU of the privileged domain): the write reaches it without
+                // asking the platform who profiles here or visiting the profiler. Only
+                // without one (or when the write no longer applies) is the instance made
+                // from the program.
+                let owned = match pcpu.system {
+                    SystemContext::Loaded { profiler: owner }
+                    | SystemContext::Cached { profiler: owner } => owner == profiler,
+                    SystemContext::Absent => {
+                        if Self::profiler_of(platform, here) != Some(profiler) {
+                            return Ok(());
+                        }
+                        false
+                    }
+                };
+                // The program classified and accepted the MSR already.
+                let Some(register) = self.backend.classify(msr) else {
+                    return Ok(());
+                };
+                if owned {
+                    // The privileged profiler's policy in all mode (`Vpmu::guest_policy`).
+                    let guest = GuestPolicy {
+                        features: policy.features,
+                        filter: platform.event_filter(profiler.domain),
+                        may_count_host: may_count_host(policy.mode, true),
+                    };
+                    if self.write_instance(pcpu, policy, &guest, register, value)? {
+                        return Ok(());
+                    }
+                }
                 vcpus.with_vcpu(profiler, &mut |p| {
-                    result = self.write_system_instance(platform, pcpu, p, msr, value);
+                    result = self.reload_system(pcpu, p);
                 });
             }
             CrossCpuRequest::ResumeSystem { profiler } => {
@@ -186,6 +214,10 @@ impl<B: PmuBackend> Vpmu<B> {
                     // programmed under rules that may no longer allow it.
                     self.save_vcpu(pcpu, vcpu)?;
                     self.scrub(pcpu)?;
+                } else if Self::same_guest_policy(platform, before, now, vcpu) {
+                    // Restricting is a function of the control and the guest policy alone:
+                    // under the same guest policy it would change nothing.
+                    vcpu.validated = now.epoch;
                 } else {
                     self.restrict_loaded(platform, now, pcpu, vcpu)?;
                 }
@@ -209,6 +241,30 @@ impl<B: PmuBackend> Vpmu<B> {
             self.deliver_pending(platform, pcpu, vcpu)?;
         }
         Ok(())
+    }
+
+    /// Whether `vcpu`'s guest policy (features, event filter, `may_count_host`) under `now` is
+    /// the one its context was validated under, `before`, the epoch this pCPU applied last:
+    /// then its loaded controls need not be judged again. Only for the next epoch (each epoch
+    /// changes one thing): a new epoch with the mode and features unchanged is an event-filter
+    /// change (`event_filter_changed`), which may change any domain's filter; one that changes
+    /// the mode keeps the filters and changes `may_count_host` only for the privileged domain
+    /// between self and hv/all mode (asked of the platform only then).
+    fn same_guest_policy<P: Platform>(
+        platform: &P,
+        before: PolicySnapshot,
+        now: PolicySnapshot,
+        vcpu: &VcpuPmu<B::Context>,
+    ) -> bool {
+        if now.epoch != before.epoch.wrapping_add(1)
+            || vcpu.validated != before.epoch
+            || before.mode == now.mode
+            || before.features != now.features
+        {
+            return false;
+        }
+        may_count_host(before.mode, true) == may_count_host(now.mode, true)
+            || vcpu.id.domain != platform.privileged_domain()
     }
 
     /// Starts a policy change from the caller's pCPU, or reports how the one it started is
@@ -296,40 +352,54 @@ impl<B: PmuBackend> Vpmu<B> {
         })
     }
 
-    /// All mode: `profiler`'s write of `value` to `msr`, which its program accepted, reaches
-    /// this pCPU's instance: the live one through the hardware, a cached one in memory (the
-    /// flush then verifies the page against it), an absent one is made from the program
-    /// (which holds this write already).
-    pub(crate) fn write_system_instance<P: Platform, H: MsrBus>(
+    /// All mode: `profiler`'s write of `value` to `register`, which its program accepted,
+    /// reaches this pCPU's instance: the live one through the hardware, a cached one in memory
+    /// (the flush then verifies the page against it), an absent one is made from the program
+    /// (which holds this write already). `guest` is `profiler`'s policy under `policy`, which
+    /// this pCPU has caught up with (the caller made it once for the program's verdict or for
+    /// the request).
+    pub(crate) fn write_system_instance<H: MsrBus>(
         &self,
-        platform: &P,
         pcpu: &mut PcpuPmu<B::Context, H>,
         profiler: &mut VcpuPmu<B::Context>,
-        msr: Msr,
+        policy: PolicySnapshot,
+        guest: &GuestPolicy<'_>,
+        register: B::Register,
         value: u64,
     ) -> Result<(), CoreError> {
-        let policy = self.policy();
-        let guest = self.guest_policy(policy, platform, profiler.id.domain);
+        if self.write_instance(pcpu, policy, guest, register, value)? {
+            return Ok(());
+        }
+        self.reload_system(pcpu, profiler)
+    }
+
+    /// [`Vpmu::write_system_instance`] to an instance this pCPU holds: `Ok(false)` when there
+    /// is none or the write does not apply to it, and the caller makes it from the program.
+    #[inline(always)]
+    fn write_instance<H: MsrBus>(
+        &self,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        policy: PolicySnapshot,
+        guest: &GuestPolicy<'_>,
+        register: B::Register,
+        value: u64,
+    ) -> Result<bool, CoreError> {
+        if matches!(pcpu.system, SystemContext::Absent) {
+            return Ok(false);
+        }
         // The written control is judged under `policy`; the others keep their epochs.
         pcpu.system_images = pcpu.system_images.after_write(policy.epoch);
         let ctx = &mut pcpu.system_ctx;
-        let outcome = match pcpu.system {
-            SystemContext::Loaded { .. } => {
-                self.backend
-                    .guest_write(ctx, Some(&mut pcpu.hw), &guest, msr, value)?
-            }
-            SystemContext::Cached { .. } => {
-                self.backend
-                    .guest_write(ctx, None::<&mut H>, &guest, msr, value)?
-            }
-            SystemContext::Absent => return self.reload_system(pcpu, profiler),
+        let outcome = if matches!(pcpu.system, SystemContext::Loaded { .. }) {
+            self.backend
+                .write_register(ctx, Some(&mut pcpu.hw), guest, register, value)?
+        } else {
+            self.backend
+                .write_register(ctx, None::<&mut H>, guest, register, value)?
         };
-        if outcome != MsrOutcome::Handled(()) {
-            // The policy changed since the program accepted it (the catch-up before this
-            // request restricted the program too): the instance follows the program.
-            return self.reload_system(pcpu, profiler);
-        }
-        Ok(())
+        // Refused: the policy changed since the program accepted it (the catch-up before this
+        // request restricted the program too), and the instance follows the program.
+        Ok(outcome == MsrOutcome::Handled(()))
     }
 
     /// All mode: this pCPU's system-wide context becomes `profiler`'s program.

@@ -134,6 +134,15 @@ pub(crate) struct PendingChange {
     pub(crate) epoch: u64,
 }
 
+/// A FINISH a vCPU called that returned `-EAGAIN`: the teardown of its sibling `target` was
+/// left to the pCPU holding that vCPU's context. Its retry answers 0 once the target's
+/// `teardowns` differs from the count seen then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PendingFinish {
+    pub(crate) target: u32,
+    pub(crate) teardowns: u64,
+}
+
 /// A registered shared page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SharedPage {
@@ -206,12 +215,18 @@ pub struct VcpuPmu<C> {
     pub(crate) published_images: ImagesUnder,
     /// A MODE_SET/FEATURE_SET this vCPU began that was still in progress at its last call.
     pub(crate) pending_change: Option<PendingChange>,
+    /// A FINISH this vCPU called that was still pending at its last call.
+    pub(crate) pending_finish: Option<PendingFinish>,
+    /// Times this vCPU's vPMU was torn down (finish, domain destruction), wherever that
+    /// happened: what a pending FINISH waits for.
+    pub(crate) teardowns: u64,
     pub(crate) stats: VcpuStats,
 }
 
 impl<C> VcpuPmu<C> {
-    /// A vCPU's vPMU state in its reset state; `ctx` is the backend's `new_context()`.
-    pub fn new(id: VcpuId, ctx: C) -> Self {
+    /// A vCPU's vPMU state in its reset state; `ctx` is the backend's `new_context()`. Made
+    /// through `Vpmu::new_vcpu`, which checks `id`.
+    pub(crate) fn new(id: VcpuId, ctx: C) -> Self {
         Self {
             id,
             state: VcpuState::Allocated,
@@ -228,6 +243,8 @@ impl<C> VcpuPmu<C> {
             sampled: None,
             published_images: ImagesUnder::Unvouched,
             pending_change: None,
+            pending_finish: None,
+            teardowns: 0,
             stats: VcpuStats::default(),
         }
     }

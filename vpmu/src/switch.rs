@@ -30,7 +30,6 @@ use crate::msr::{MsrBus, MsrFault};
 use vpmu_abi::Regs;
 
 use crate::platform::{Diagnostic, Interrupted, Platform, VcpuId};
-use crate::request::{Completion, CrossCpuRequest};
 use crate::state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState};
 use charged::ChargedBus;
 
@@ -44,7 +43,9 @@ struct SwitchEnv<'a, B: PmuBackend, P, H> {
 
 impl<B: PmuBackend> Vpmu<B> {
     /// `pcpu` (the caller's own pCPU) stops running its current vCPU (if any) and starts
-    /// running `next` (`None`: the idle loop or hypervisor work).
+    /// running `next` (`None`: the idle loop or hypervisor work). `next` must be a vCPU of
+    /// `vcpus`: else `CoreError::NoSuchVcpu`, with the previous vCPU switched out and the
+    /// pCPU running none.
     pub fn context_switch<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
         &self,
         platform: &mut P,
@@ -82,21 +83,28 @@ impl<B: PmuBackend> Vpmu<B> {
         };
         if let Some(prev) = prev {
             let out = &mut *env;
-            vcpus
-                .visit(prev, move |v| {
-                    out.vpmu.switch_out(out.platform, out.pcpu, v)
-                })
-                .unwrap_or(Ok(()))?;
+            let saved = vcpus.visit(prev, move |v| {
+                out.vpmu.switch_out(out.platform, out.pcpu, v)
+            });
+            // Only an error is looked into: `?` on the whole answer copied the error's
+            // payload out before it knew there was one.
+            if let Some(Err(e)) = saved {
+                return Err(e);
+            }
         }
         env.pcpu.current = next;
-        match next {
-            Some(next) => vcpus
-                .visit(next, move |v| {
-                    env.vpmu.switch_in(env.platform, env.word, env.pcpu, v)
-                })
-                .unwrap_or(Ok(())),
-            None => Ok(()),
-        }
+        let Some(next) = next else {
+            return Ok(());
+        };
+        let into = &mut *env;
+        let switched = vcpus.visit(next, move |v| {
+            into.vpmu.switch_in(into.platform, into.word, into.pcpu, v)
+        });
+        switched.unwrap_or_else(|| {
+            // Not a vCPU of the table: the pCPU runs none (the previous one is out).
+            env.pcpu.current = None;
+            Err(CoreError::NoSuchVcpu(next))
+        })
     }
 
     /// The previous vCPU's half of a switch.
@@ -142,8 +150,8 @@ impl<B: PmuBackend> Vpmu<B> {
         if vcpu.validated != PolicySnapshot::epoch_of(word) {
             self.settle_changed(platform, PolicySnapshot::unpack(word), vcpu);
         }
-        if vcpu.state == VcpuState::Saved {
-            self.load_settled(platform, PolicySnapshot::unpack(word), pcpu, vcpu)?;
+        if vcpu.state == VcpuState::Saved && PolicySnapshot::switches_contexts_of(word) {
+            self.load_switching(platform, pcpu, vcpu)?;
         }
         self.deliver_pending(platform, pcpu, vcpu)?;
         Ok(())
@@ -181,7 +189,10 @@ impl<B: PmuBackend> Vpmu<B> {
         let overflow = Self::save_on(&self.backend, &mut vcpu.ctx, &mut bus, &mut pcpu.record)?;
         vcpu.stats.saves += 1;
         vcpu.state = VcpuState::Saved;
-        if overflow.interrupt && !overflow.counters.is_empty() {
+        // `interrupt` says that one of `counters` has its interrupt enabled (the trait's
+        // contract for `Overflow`): it implies a counter, and is the one test made here.
+        debug_assert!(!overflow.interrupt || !overflow.counters.is_empty());
+        if overflow.interrupt {
             let merged = vcpu.pending_pmi.map_or(overflow, |p| Overflow {
                 counters: p.counters.union(overflow.counters),
                 interrupt: true,
@@ -233,8 +244,21 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         vcpu: &mut VcpuPmu<B::Context>,
     ) -> Result<(), CoreError> {
-        if !self.available || !policy.mode.switches_contexts() || !self.backend.is_active(&vcpu.ctx)
-        {
+        if !policy.mode.switches_contexts() {
+            return Ok(());
+        }
+        self.load_switching(platform, pcpu, vcpu)
+    }
+
+    /// `load_settled` in a mode that switches contexts (the caller checked).
+    #[inline]
+    fn load_switching<P: Platform, H: MsrBus>(
+        &self,
+        platform: &mut P,
+        pcpu: &mut PcpuPmu<B::Context, H>,
+        vcpu: &mut VcpuPmu<B::Context>,
+    ) -> Result<(), CoreError> {
+        if !self.available || !self.backend.is_active(&vcpu.ctx) {
             return Ok(());
         }
         // A vCPU that counts again must get its PMIs, whatever a former sample of its masked.
@@ -399,99 +423,6 @@ impl<B: PmuBackend> Vpmu<B> {
         Ok(())
     }
 
-    /// Stops `id`'s vPMU for good: saves its context, discards a pending sample, unmaps its
-    /// page. For vCPUs of a domain being destroyed, without the guest's help, and for finish.
-    /// In all mode the privileged profiler's counters are the system-wide contexts of the
-    /// pCPUs it profiles: those are stopped and dropped too, as its own context is reset.
-    ///
-    /// Call it on any pCPU. Work that belongs to other pCPUs (the vCPU's context loaded on
-    /// one, system-wide contexts on others) is sent to them, and the teardown is `Pending`
-    /// until it has happened: call it again after they handled their requests (nothing is
-    /// torn down half: the vCPU is left as it was until the call that returns `Done`).
-    pub fn teardown_vcpu<P: Platform, H: MsrBus, T: VcpuTable<B::Context>>(
-        &self,
-        platform: &mut P,
-        pcpu: &mut PcpuPmu<B::Context, H>,
-        vcpus: &T,
-        id: VcpuId,
-    ) -> Result<Completion, CoreError> {
-        self.catch_up_with_table(platform, pcpu, vcpus)?;
-        let policy = self.policy();
-        let here = pcpu.index;
-        let privileged = platform.privileged_domain();
-        let mut remote = false;
-        let mut result = Ok(());
-        let found = vcpus.with_vcpu(id, &mut |v| {
-            if let VcpuState::Loaded { pcpu: p } = v.state {
-                if p != here {
-                    platform.send_request(p, CrossCpuRequest::Unload { vcpu: v.id });
-                    remote = true;
-                    return;
-                }
-            }
-            if policy.mode == Mode::All && v.id.domain == privileged {
-                if Self::profiler_of(platform, here) == Some(v.id)
-                    && !matches!(pcpu.system, SystemContext::Absent)
-                {
-                    if let Err(e) = self.drop_system_context(platform, pcpu) {
-                        result = Err(e);
-                        return;
-                    }
-                    self.count_instance(v, false);
-                }
-                if self.instances(v) > 0 {
-                    for p in self
-                        .profiled_pcpus(platform, v.id.vcpu)
-                        .filter(|&p| p != here)
-                    {
-                        platform.send_request(p, CrossCpuRequest::DropSystem { profiler: v.id });
-                    }
-                    remote = true;
-                    return;
-                }
-            }
-            result = self.teardown_local(platform, pcpu, v);
-        });
-        result?;
-        if !found {
-            return Ok(Completion::Done);
-        }
-        Ok(if remote {
-            Completion::Pending
-        } else {
-            Completion::Done
-        })
-    }
-
-    fn teardown_local<P: Platform, H: MsrBus>(
-        &self,
-        platform: &mut P,
-        pcpu: &mut PcpuPmu<B::Context, H>,
-        vcpu: &mut VcpuPmu<B::Context>,
-    ) -> Result<(), CoreError> {
-        let privileged = platform.privileged_domain();
-        let was_in_use = vcpu.in_use();
-        self.save_vcpu(pcpu, vcpu)?;
-        if matches!(vcpu.state, VcpuState::Cached { .. }) {
-            self.release_cached(platform, vcpu);
-        }
-        if pcpu.lvtpc_masked_for == Some(vcpu.id) {
-            self.unmask_physical_lvtpc(platform, pcpu);
-        }
-        if let Some(page) = vcpu.page.take() {
-            platform.unmap_page(page.slot);
-        }
-        vcpu.ctx = self.backend.new_context();
-        vcpu.state = VcpuState::Allocated;
-        vcpu.page_lvtpc_masked = true;
-        vcpu.pending_pmi = None;
-        vcpu.program = None;
-        vcpu.handover = None;
-        vcpu.system_instances = (0, 0);
-        self.settle_use(privileged, vcpu, was_in_use, false);
-        Ok(())
-    }
-
     /// Ends a cached window without loading the page's context (its counters are stopped; an
     /// all-mode sample's pCPU is told by the flush or the teardown, not here).
     pub(crate) fn release_cached<P: Platform>(
@@ -586,5 +517,31 @@ impl<B: PmuBackend> Vpmu<B> {
             record.forget();
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::core::{Mode, PolicySnapshot};
+
+    /// The switch's one-test mode check agrees with the mode it packs, for every mode and
+    /// whatever the other fields hold.
+    #[test]
+    fn the_packed_mode_check_is_switches_contexts() {
+        for mode in [Mode::Off, Mode::SelfProfiling, Mode::Hypervisor, Mode::All] {
+            for (features, epoch) in [(0, 0), (0xff, 1), (0x5a, u64::MAX >> 16)] {
+                let word = PolicySnapshot {
+                    mode,
+                    features,
+                    epoch,
+                }
+                .pack();
+                assert_eq!(
+                    PolicySnapshot::switches_contexts_of(word),
+                    mode.switches_contexts(),
+                    "{mode:?}"
+                );
+            }
+        }
     }
 }

@@ -1,17 +1,21 @@
-//! Loading a context's banks: compare with the pCPU's record first, write only what differs.
+//! Loading a context's banks: compare with the pCPU's record, write only what differs.
 
-use super::{BankMap, Controls, CounterBanks, HwRecord, MsrSeries, slots};
+use super::{BankMap, Controls, CounterBanks, HwRecord, MsrSeries, slots, window_mut};
 use crate::backend::CounterSet;
 use crate::msr::{MsrBus, MsrFault};
 
 /// Loads the counters of `set` from `ctx` onto hardware `record` describes, on which nothing
-/// counts (the global control is 0, or every control is): every value the hardware is not
-/// known to hold first, then every control that differs from the record — the context's
-/// image for the counters of `set`, 0 for every other counter of `present` whose control is
-/// not known to be 0 (a stale control of another context must never count when this one
-/// enables that counter globally). Afterwards the values of `set` are unknown (they move)
-/// and the controls known. The vendor writes its global control last. A fault leaves
-/// `record` knowing nothing.
+/// counts (the global control is 0, or every control is): per counter of `set`, lowest index
+/// first, its value unless the hardware is known to hold it, then its control (the context's
+/// image) unless known; then 0 in every other control of `present` not known to be 0 (a stale
+/// control of another context must never count when this one enables that counter
+/// globally); a shared control (Intel's FIXED_CTR_CTRL) after its bank's values. Afterwards
+/// the values of `set` are unknown (they move) and the controls known. The vendor writes its
+/// global control last. A fault leaves `record` knowing nothing.
+///
+/// One pass per bank compares each counter's value and control with the record and writes
+/// at once what differs: a vCPU switched back in where it was saved, with nothing in
+/// between, writes nothing; after another busy context, the pass writes as it compares.
 ///
 /// Always inlined, so that a vendor's constant map is folded into it (AMD calls it from two
 /// places, one per map, which the compiler's heuristics would otherwise keep out of line).
@@ -24,135 +28,18 @@ pub fn load<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     hw: &mut B,
     record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
-    // The common case first (a vCPU switched back in where it was saved, with nothing in
-    // between): the record holds every value and control, and no control another context
-    // left needs clearing. One pass per bank compares values and controls together; nothing
-    // is written but the record's note that the values will move.
-    if held_everywhere(banks, ctx, set, present, record) {
-        for map in banks {
-            record.values_known &= !map.set(map.indices(set).0).0;
-        }
-        return Ok(());
-    }
-    let result = load_recorded(banks, ctx, set, present, hw, record);
+    let result = load_banks(banks, ctx, set, present, hw, record);
     if result.is_err() {
         record.forget();
     }
     result
 }
 
-/// Whether loading the counters of `set` would write nothing: [`bank_held`] for every bank.
-/// The first two banks are written out (every vendor has one or two), so that each copy is
-/// specialised to its map.
+/// [`load_bank`] for every bank. The first two banks are written out (every vendor has one
+/// or two), so that each copy is specialised to its map; any further banks behind a test of
+/// the constant N.
 #[inline(always)]
-fn held_everywhere<C: CounterBanks + ?Sized, const N: usize>(
-    banks: &[BankMap; N],
-    ctx: &C,
-    set: CounterSet,
-    present: CounterSet,
-    record: &HwRecord,
-) -> bool {
-    if let Some(map) = banks.first() {
-        if !bank_held(map, 0, ctx, set, present, record) {
-            return false;
-        }
-    }
-    if let Some(map) = banks.get(1) {
-        if !bank_held(map, 1, ctx, set, present, record) {
-            return false;
-        }
-    }
-    // Any further banks (no vendor has them), behind a test of the constant N.
-    N <= 2 || (2..N).all(|bank| bank_held(&banks[bank], bank, ctx, set, present, record))
-}
-
-/// Whether the record knows bank `bank` to hold what loading the counters of `set` would
-/// write: every value of a counter of `set` with a slot, every control of a counter of `set`
-/// (its image, 0 without a slot), and 0 in every other control of `present` (what
-/// [`load_recorded`] decides counter by counter, decided here without a write).
-#[inline(always)]
-fn bank_held<C: CounterBanks + ?Sized>(
-    map: &BankMap,
-    bank: usize,
-    ctx: &C,
-    set: CounterSet,
-    present: CounterSet,
-    record: &HwRecord,
-) -> bool {
-    let own = map.indices(set).0;
-    let first = map.first_bit;
-    if let (Controls::Shared(_), 0) = (map.controls, own) {
-        // A shared-control bank the context does not use (Intel's fixed bank, mostly):
-        // nothing to compare, only whether the control must be cleared, which the record's
-        // known-zero controls answer at once (known and 0 is exactly a bit there).
-        return record.zero_controls().0 >> (first & 63) & 1 != 0;
-    }
-    let (Some(recorded_values), Some(recorded_controls)) = (
-        window(&record.values, first),
-        window(&record.controls, first),
-    ) else {
-        return false;
-    };
-    let values = ctx.values(bank);
-    let with_value = own & slots(values.len());
-    if with_value & !map.indices(CounterSet(record.values_known)).0 != 0 {
-        return false;
-    }
-    match map.controls {
-        Controls::PerCounter(_) => {
-            let stale = map.indices(present).0 & !map.indices(record.zero_controls()).0;
-            if stale & !own != 0 || own & !map.indices(CounterSet(record.controls_known)).0 != 0 {
-                return false;
-            }
-            let images = ctx.hardware_controls(bank);
-            let with_image = own & slots(images.len());
-            let mut differ = 0u64;
-            // Values and controls in one pass where both have slots (every vendor's case), by
-            // an index the masks keep in range.
-            let mut bits = with_value & with_image;
-            while bits != 0 {
-                let index = bits.trailing_zeros();
-                bits &= bits - 1;
-                let position = (index & 31) as usize;
-                differ |= values[index as usize] ^ recorded_values[position];
-                differ |= images[index as usize] ^ recorded_controls[position];
-            }
-            let mut bits = with_value & !with_image;
-            while bits != 0 {
-                let index = bits.trailing_zeros();
-                bits &= bits - 1;
-                differ |= values[index as usize] ^ recorded_values[(index & 31) as usize];
-            }
-            // A counter without an image slot has the image 0.
-            let mut bits = own & !with_image;
-            while bits != 0 {
-                let index = bits.trailing_zeros();
-                bits &= bits - 1;
-                differ |= recorded_controls[(index & 31) as usize];
-            }
-            differ == 0
-        }
-        Controls::Shared(_) => {
-            let mut differ = 0u64;
-            let mut bits = with_value;
-            while bits != 0 {
-                let index = bits.trailing_zeros();
-                bits &= bits - 1;
-                differ |= values[index as usize] ^ recorded_values[(index & 31) as usize];
-            }
-            let target = if own != 0 {
-                ctx.hardware_controls(bank).first().map_or(0, |&c| c)
-            } else {
-                0
-            };
-            differ == 0 && record.knows_control(first, target)
-        }
-    }
-}
-
-// Always inlined: a vendor that hands in a constant map gets it folded into the loops.
-#[inline(always)]
-fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
+fn load_banks<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     banks: &[BankMap; N],
     ctx: &C,
     set: CounterSet,
@@ -160,70 +47,193 @@ fn load_recorded<C: CounterBanks + ?Sized, B: MsrBus, const N: usize>(
     hw: &mut B,
     record: &mut HwRecord,
 ) -> Result<(), MsrFault> {
-    // Each pass first asks whether the record already holds everything (a vCPU switched back
-    // in where it was saved, with nothing in between, writes nothing): one compare per
-    // counter without a bus call in the loop. Only otherwise does it go counter by counter.
-    for (bank, map) in banks.iter().enumerate() {
-        let own = map.indices(set).0;
-        if own == 0 {
-            continue;
-        }
-        let first = map.first_bit;
-        let values = ctx.values(bank);
-        // A counter without a slot in the context is never written.
-        let known = map.indices(CounterSet(record.values_known)).0;
-        if !held(
-            &record.values,
-            first,
-            own & slots(values.len()),
-            known,
-            values,
-        ) {
-            write_values(*map, values, own, hw, record)?;
-        }
-        record.values_known &= !map.set(own).0;
+    if let Some(map) = banks.first() {
+        load_bank(map, 0, ctx, set, present, hw, record)?;
     }
-    for (bank, map) in banks.iter().enumerate() {
-        let own = map.indices(set).0;
-        let first = map.first_bit;
-        match map.controls {
-            Controls::PerCounter(series) => {
-                // A control another context left on a counter this one does not use must be
-                // 0: not known 0 means a write.
-                let stale = map.indices(present).0 & !map.indices(record.zero_controls()).0;
-                if own | stale == 0 {
-                    continue;
-                }
-                let images = ctx.hardware_controls(bank);
-                let known = map.indices(CounterSet(record.controls_known)).0;
-                // A counter without a slot in the context has the image 0.
-                if stale & !own != 0 || !held_or_zero(&record.controls, first, own, known, images) {
-                    write_controls(first, series, images, own, stale, hw, record)?;
-                }
-            }
-            Controls::Shared(msr) => {
-                let target = if own != 0 {
-                    ctx.hardware_controls(bank).first().map_or(0, |&c| c)
-                } else {
-                    0
-                };
-                if !record.knows_control(first, target) {
-                    hw.write(msr, target)?;
-                    record.set_control(first, Some(target));
-                }
-            }
+    if let Some(map) = banks.get(1) {
+        load_bank(map, 1, ctx, set, present, hw, record)?;
+    }
+    if N > 2 {
+        for (bank, map) in banks.iter().enumerate().skip(2) {
+            load_bank(map, bank, ctx, set, present, hw, record)?;
         }
     }
     Ok(())
 }
 
-/// The values of `own` the record does not know the hardware holds, written (out of line:
-/// the load's compare loops stay free of bus calls). The map is taken by value so that a
-/// caller with a constant map does not build it in memory on the path that never gets here.
+/// Loads bank `bank` (whose map is `map`) as [`load`] describes.
+#[inline(always)]
+fn load_bank<C: CounterBanks + ?Sized, B: MsrBus>(
+    map: &BankMap,
+    bank: usize,
+    ctx: &C,
+    set: CounterSet,
+    present: CounterSet,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    let own = map.indices(set).0;
+    let first = map.first_bit;
+    let series = match map.controls {
+        Controls::PerCounter(series) => series,
+        Controls::Shared(msr) => {
+            // A shared-control bank the context does not use (Intel's fixed bank, mostly):
+            // only its control, cleared unless known 0 (one bit of the record).
+            let target = if own != 0 {
+                load_values(map, ctx.values(bank), own, hw, record)?;
+                record.values_known &= !map.set(own).0;
+                ctx.hardware_controls(bank).first().map_or(0, |&c| c)
+            } else {
+                0
+            };
+            if !record.knows_control(first, target) {
+                hw.write(msr, target)?;
+                record.set_control(first, Some(target));
+            }
+            return Ok(());
+        }
+    };
+    // A control another context left on a counter this one does not use must be 0: not
+    // known 0 means a write.
+    let zero = map.indices(record.zero_controls()).0;
+    let stale = map.indices(present).0 & !zero & !own;
+    if own | stale == 0 {
+        return Ok(());
+    }
+    let values = ctx.values(bank);
+    let images = ctx.hardware_controls(bank);
+    let known_values = map.indices(CounterSet(record.values_known)).0;
+    let known_controls = map.indices(CounterSet(record.controls_known)).0;
+    let both = own & slots(values.len()) & slots(images.len());
+    let (Some(recorded_values), Some(recorded_controls), 0) = (
+        window_mut(&mut record.values, first),
+        window_mut(&mut record.controls, first),
+        own & !both,
+    ) else {
+        // A counter without a slot, or a record window that does not fit (no vendor's).
+        let writes = map.counter_writes;
+        return load_bank_by_record(
+            first, writes, series, values, images, own, stale, hw, record,
+        );
+    };
+    // A position the record does not know gets the complement of what is to be loaded, so
+    // that the pass below tells "differs" by one compare: its content means nothing while
+    // unknown, and the values of `own` are unknown after the load anyway. Rarely any: the
+    // save before recorded every counter it read.
+    // One test for both kinds in the usual case.
+    if own & !(known_values & known_controls) != 0 {
+        let mut bits = own & !known_values;
+        while bits != 0 {
+            let index = bits.trailing_zeros();
+            bits &= bits - 1;
+            recorded_values[(index & 31) as usize] = !values[index as usize];
+        }
+        let mut bits = own & !known_controls;
+        while bits != 0 {
+            let index = bits.trailing_zeros();
+            bits &= bits - 1;
+            recorded_controls[(index & 31) as usize] = !images[index as usize];
+        }
+    }
+    // By an index the masks keep in range: with a vendor's constant slot counts the compiler
+    // checks no bound in the loop.
+    let mut bits = own;
+    while bits != 0 {
+        let index = bits.trailing_zeros();
+        bits &= bits - 1;
+        let position = (index & 31) as usize;
+        let value = values[index as usize];
+        if recorded_values[position] != value {
+            map.write_counter(hw, index, value)?;
+        }
+        let image = images[index as usize];
+        if recorded_controls[position] != image {
+            hw.write(series.at(index), image)?;
+            recorded_controls[position] = image;
+        }
+    }
+    // Not known 0 by the mask may still be known 0 by the record (the mask is a subset: see
+    // `HwRecord::zero_controls`): only a control the record does not know to be 0 is written.
+    let mut bits = stale;
+    while bits != 0 {
+        let index = bits.trailing_zeros();
+        bits &= bits - 1;
+        let position = (index & 31) as usize;
+        if known_controls >> index & 1 == 0 || recorded_controls[position] != 0 {
+            hw.write(series.at(index), 0)?;
+            recorded_controls[position] = 0;
+        }
+    }
+    // Every control of `own` now holds its image (written, or known to hold it already) and
+    // every stale one 0. The controls of `own` leave the known-0 mask (an image of 0 is rare:
+    // the mask may miss it, and leaving it is allowed to one already there), the stale ones
+    // join it. Unconditionally: a flag for "a control was written" cost a store per control
+    // written, more than these few masks when a context with other events comes in.
+    let (own, stale) = (map.set(own).0, map.set(stale).0);
+    record.values_known &= !own;
+    record.controls_known |= own | stale;
+    record.controls_zero = record.controls_zero & !own | stale;
+    Ok(())
+}
+
+/// The values of `own` the record does not know the hardware holds, written (the record is
+/// not updated: the caller marks them unknown).
+#[inline(always)]
+fn load_values<B: MsrBus>(
+    map: &BankMap,
+    values: &[u64],
+    own: u32,
+    hw: &mut B,
+    record: &HwRecord,
+) -> Result<(), MsrFault> {
+    let known = map.indices(CounterSet(record.values_known)).0;
+    let Some(recorded) = window(&record.values, map.first_bit) else {
+        return write_values(map.first_bit, map.counter_writes, values, own, hw, record);
+    };
+    // A counter without a slot in the context is never written.
+    let mut bits = own & slots(values.len());
+    while bits != 0 {
+        let index = bits.trailing_zeros();
+        bits &= bits - 1;
+        let value = values[index as usize];
+        if known >> index & 1 == 0 || recorded[(index & 31) as usize] != value {
+            map.write_counter(hw, index, value)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`load_bank`] for a per-counter-control bank with a counter of `own` that has no slot in
+/// the context, or whose record window does not fit (no vendor's): counter by counter
+/// through the record's accessors, values first.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn load_bank_by_record<B: MsrBus>(
+    first: u32,
+    writes: MsrSeries,
+    series: MsrSeries,
+    values: &[u64],
+    images: &[u64],
+    own: u32,
+    stale: u32,
+    hw: &mut B,
+    record: &mut HwRecord,
+) -> Result<(), MsrFault> {
+    write_values(first, writes, values, own, hw, record)?;
+    record.values_known &= !(u64::from(own) << first);
+    write_controls(first, series, images, own, stale, hw, record)
+}
+
+/// The values of `own` the record does not know the hardware holds, written through `writes`
+/// (where the record's window does not fit, which no vendor's map has). Only the two fields
+/// of the map it needs are passed, in registers, so that a caller with a constant map does
+/// not build the map in memory for the path that never gets here.
 #[cold]
 #[inline(never)]
 fn write_values<B: MsrBus>(
-    map: BankMap,
+    first: u32,
+    writes: MsrSeries,
     values: &[u64],
     own: u32,
     hw: &mut B,
@@ -234,16 +244,16 @@ fn write_values<B: MsrBus>(
         let index = bits.trailing_zeros();
         bits &= bits - 1;
         if let Some(&value) = values.get(index as usize) {
-            if !record.knows_value(map.first_bit + index, value) {
-                map.write_counter(hw, index, value)?;
+            if !record.knows_value(first + index, value) {
+                hw.write(writes.at(index), value)?;
             }
         }
     }
     Ok(())
 }
 
-/// The controls of `own` (their images) and of `stale` (0) that the record does not know the
-/// hardware holds, written and recorded, lowest index first.
+/// The controls of `own` (their images, 0 without a slot) and of `stale` (0) that the record
+/// does not know the hardware holds, written and recorded, lowest index first.
 #[cold]
 #[inline(never)]
 fn write_controls<B: MsrBus>(
@@ -274,58 +284,8 @@ fn write_controls<B: MsrBus>(
 }
 
 /// The 32 record positions of a bank whose counter 0 is at `first` (`None` if they do not fit,
-/// which no vendor's map has: the caller then takes the counter-by-counter path).
+/// which no vendor's map has: the caller then goes counter by counter).
 #[inline]
 fn window(recorded: &[u64; 64], first: u32) -> Option<&[u64; 32]> {
     recorded.get(first as usize..)?.get(..32)?.try_into().ok()
-}
-
-/// Whether every counter of `own` (each with a slot in `values`) is known (`known`, by index) to
-/// hold its value in `values` on the hardware.
-#[inline]
-fn held(recorded: &[u64; 64], first: u32, own: u32, known: u32, values: &[u64]) -> bool {
-    if own & !known != 0 {
-        return false;
-    }
-    let Some(window) = window(recorded, first) else {
-        return false;
-    };
-    let mut differ = 0u64;
-    let mut bits = own;
-    while bits != 0 {
-        let index = bits.trailing_zeros();
-        bits &= bits - 1;
-        differ |= values
-            .get(index as usize)
-            .map_or(0, |&v| v ^ window[(index & 31) as usize]);
-    }
-    differ == 0
-}
-
-/// As [`held`], for controls: a counter without a slot in `images` has the image 0.
-#[inline]
-fn held_or_zero(recorded: &[u64; 64], first: u32, own: u32, known: u32, images: &[u64]) -> bool {
-    if own & !known != 0 {
-        return false;
-    }
-    let Some(window) = window(recorded, first) else {
-        return false;
-    };
-    // The counters with a slot first, by an index the mask keeps in range (with a vendor's
-    // constant slot count the compiler sees that and checks no bound in the loop).
-    let slotted = own & slots(images.len());
-    let mut differ = 0u64;
-    let mut bits = slotted;
-    while bits != 0 {
-        let index = bits.trailing_zeros();
-        bits &= bits - 1;
-        differ |= images[index as usize] ^ window[(index & 31) as usize];
-    }
-    let mut bits = own & !slotted;
-    while bits != 0 {
-        let index = bits.trailing_zeros();
-        bits &= bits - 1;
-        differ |= window[(index & 31) as usize];
-    }
-    differ == 0
 }

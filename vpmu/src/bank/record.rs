@@ -23,7 +23,9 @@ pub struct HwRecord {
     pub(super) values_known: u64,
     pub(super) controls: [u64; 64],
     pub(super) controls_known: u64,
-    /// Controls known to be 0 (a subset of `controls_known`).
+    /// Controls known to be 0: a subset of the known controls that hold 0, used as a quick
+    /// filter (a save records a context's zero images without marking them here; a load that
+    /// finds a control outside this mask checks the recorded value before writing 0).
     pub(super) controls_zero: u64,
     pub(super) global: Option<u64>,
 }
@@ -84,7 +86,9 @@ impl HwRecord {
         self.controls_known >> (bit & 63) & 1 != 0 && self.controls[(bit & 63) as usize] == value
     }
 
-    /// The controls known to be 0, as a set of positions.
+    /// Controls known to be 0, as a set of positions: every position in it is, but a known
+    /// control recorded as 0 may be missing from it ([`HwRecord::knows_control`] tells
+    /// exactly).
     pub fn zero_controls(&self) -> CounterSet {
         CounterSet(self.controls_zero)
     }

@@ -105,13 +105,15 @@ fn load_writes_what_the_record_does_not_know() {
     let mut record = HwRecord::unknown();
     record.controls_cleared();
     load(&BANKS, &ctx(), set, present, &mut hw, &mut record).unwrap();
+    // Counter by counter, each value before its control; counter 1's control (image 0) is
+    // known 0 already; the fixed bank's values, then its shared control.
     assert_eq!(
         hw.log(),
         [
             (true, 0x201, 1),
+            (true, 0x200, 0x11),
             (true, 0x203, 2),
             (true, 0x30a, 6),
-            (true, 0x200, 0x11),
             (true, 0x38d, 0xb0)
         ]
     );
@@ -132,7 +134,7 @@ fn load_writes_what_the_record_does_not_know() {
     let mut hw = Trace::default();
     load(&BANKS, &c, set, present, &mut hw, &mut record).unwrap();
     assert_eq!(hw.log(), []);
-    // Another context on counter 2 only: its value and control, and the stale controls
+    // Another context on counter 2 only: its value and control, then the stale controls
     // of counter 0 and of the fixed bank cleared.
     let mut other = ctx();
     other.gp_ctl = [0, 0, 0x13, 0];
@@ -150,8 +152,8 @@ fn load_writes_what_the_record_does_not_know() {
         hw.log(),
         [
             (true, 0x205, 3),
-            (true, 0x200, 0),
             (true, 0x204, 0x13),
+            (true, 0x200, 0),
             (true, 0x38d, 0)
         ]
     );
@@ -213,4 +215,59 @@ fn fold_records_and_acknowledges_separately() {
         .unwrap();
     assert_eq!((recorded, virtual_status), (1, 1));
     assert_eq!(hw.log()[1], (true, 0x390, 0b11));
+}
+
+#[test]
+fn load_writes_a_value_the_record_holds_but_does_not_know() {
+    // The record's slots hold the context's value and control from an earlier time, but it
+    // no longer knows them (another writer): a load must not take them for the hardware's.
+    let c = ctx();
+    let set = CounterSet(0b0001);
+    let mut record = HwRecord::unknown();
+    record.controls_cleared();
+    record.set_value(0, Some(1));
+    record.set_control(0, Some(0x11));
+    let mut hw = Trace::default();
+    load(&BANKS, &c, set, set, &mut hw, &mut record).unwrap();
+    assert_eq!(hw.log(), [], "known and equal: nothing");
+    record.set_value(0, Some(1));
+    record.set_value(0, None);
+    record.set_control(0, None);
+    let mut hw = Trace::default();
+    load(&BANKS, &c, set, set, &mut hw, &mut record).unwrap();
+    assert_eq!(
+        hw.log(),
+        [(true, 0x201, 1), (true, 0x200, 0x11)],
+        "a value and control no longer known are written again"
+    );
+    assert!(record.knows_control(0, 0x11) && !record.knows_value(0, 1));
+}
+
+#[test]
+fn a_zero_control_recorded_at_a_save_is_not_written_again() {
+    // Counter 1 is in use with control 0 (a value left after the guest cleared its control):
+    // the save records the 0; a context that does not use counter 1 finds it 0 already.
+    let mut c = ctx();
+    let set = CounterSet(0b0011);
+    let present = CounterSet(0b1111);
+    let mut record = HwRecord::unknown();
+    record.controls_cleared();
+    load(&BANKS, &c, set, present, &mut Trace::default(), &mut record).unwrap();
+    save(
+        &BANKS,
+        &mut c,
+        set,
+        SaveControls::Keep,
+        &mut Trace::default(),
+        &mut record,
+    )
+    .unwrap();
+    assert!(record.knows_control(1, 0));
+    let mut hw = Trace::default();
+    load(&BANKS, &c, CounterSet::gp(0), present, &mut hw, &mut record).unwrap();
+    assert!(
+        hw.log().iter().all(|&(_, msr, _)| msr != 0x202),
+        "counter 1's control rewritten: {:?}",
+        hw.log()
+    );
 }
