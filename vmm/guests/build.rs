@@ -35,6 +35,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
         "pmu",
         &[
             "selftest/pmu.c",
+            "selftest/transport.c",
             "runtime/driver.c",
             "selftest/timed.c",
             "selftest/timed_user.c",

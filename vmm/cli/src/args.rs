@@ -318,6 +318,7 @@ impl ProfileArgs {
             compare: !self.no_compare,
             sweep: self.sweep,
             progress: !self.quiet,
+            interrupt: None,
         };
         match options.conflicts().into_iter().next() {
             Some(c) => Err(conflict(c)),

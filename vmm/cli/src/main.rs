@@ -15,13 +15,18 @@
 //!   by default), on one of the four PMU personalities.
 //!
 //! This binary only parses and checks the arguments (one `clap` definition: every option is
-//! validated before `/dev/kvm` is opened), checks `/dev/kvm`, calls a library and maps its
-//! result to the exit status: 0 ok, 1 a check failed or the run broke, 2 bad usage, 3
-//! coverage without `XENPMU_OP_COVERAGE`, 77 no usable `/dev/kvm`; `vpmu boot` exits with the
-//! guest's isa-debug-exit code mapped as QEMU does (`(code << 1) | 1`, 8 bits) except that code
-//! 0 gives 0, and 0 for a keyboard-controller reset.
+//! validated before `/dev/kvm` is opened, and so is every path: an input that cannot be read
+//! or an output directory that cannot be created), checks `/dev/kvm`, calls a library and maps
+//! its result to the exit status: 0 ok, 1 a check failed or the run broke, 2 bad usage or a
+//! bad path, 3 coverage without `XENPMU_OP_COVERAGE`, 77 no usable `/dev/kvm` (the same two
+//! lines from every subcommand: `kvm_for`), 130 `vpmu profile` interrupted (SIGINT; the
+//! outputs hold what was collected); `vpmu boot` exits with the guest's isa-debug-exit code
+//! mapped as QEMU does (`(code << 1) | 1`, 8 bits) except that code 0 gives 0, and 0 for a
+//! keyboard-controller reset.
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
@@ -36,8 +41,15 @@ mod args;
 
 use args::*;
 
+/// Bad usage or a bad path.
+const BAD_USAGE: u8 = 2;
+/// `vpmu profile` interrupted by SIGINT (128 + 2, as a shell reports it, and as `perf record`
+/// ends).
+const INTERRUPTED: u8 = 130;
+
 /// Bad usage: clap's first paragraph on one line (the problem, with the possible values if
-/// any) and its pointer to `--help`; no usage dump. Help and version go to stdout with status 0.
+/// any), its suggestions ("tip: a similar argument exists: '--mode'") and its pointer to
+/// `--help`; no usage dump. Help and version go to stdout with status 0.
 fn usage_error(e: &clap::Error) -> ExitCode {
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         let _ = e.print();
@@ -57,6 +69,13 @@ fn usage_error(e: &clap::Error) -> ExitCode {
         .collect::<Vec<_>>()
         .join(" ");
     eprintln!("{problem}");
+    for tip in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("tip:"))
+    {
+        eprintln!("  {tip}");
+    }
     if let Some(hint) = text
         .lines()
         .rev()
@@ -79,7 +98,7 @@ fn main() -> ExitCode {
     let given = |id: &str| given_to_profile(&matches, id);
     match cli.command {
         Command::Profile(args) => match args.options(&given) {
-            Ok(options) => profile_command(&options),
+            Ok(options) => profile_command(options),
             Err(e) => usage_error(&e),
         },
         Command::Selftest(args) => suite_command(args.vendor.into(), Some(args.verbose)),
@@ -87,21 +106,36 @@ fn main() -> ExitCode {
         Command::Coverage(CoverageArgs {
             action: Some(CoverageAction::Report { file, binary, out }),
             ..
-        }) => coverage::report(&coverage::ReportOptions { file, binary, out }).map_or_else(
-            |e| {
-                eprintln!("vpmu coverage report: {e}");
-                ExitCode::FAILURE
-            },
-            |()| ExitCode::SUCCESS,
-        ),
+        }) => {
+            let paths = readable("coverage report", &file)
+                .and_then(|()| {
+                    binary
+                        .as_deref()
+                        .map_or(Ok(()), |b| readable("coverage report", b))
+                })
+                .and_then(|()| creatable("coverage report", &out));
+            if let Err(code) = paths {
+                return code;
+            }
+            coverage::report(&coverage::ReportOptions { file, binary, out }).map_or_else(
+                |e| {
+                    eprintln!("vpmu coverage report: {e}");
+                    ExitCode::FAILURE
+                },
+                |()| ExitCode::SUCCESS,
+            )
+        }
         Command::Coverage(CoverageArgs {
             action: None,
             out,
             no_suite,
-        }) => coverage_command(&coverage::Options {
-            out,
-            suite: !no_suite,
-        }),
+        }) => match creatable("coverage", &out) {
+            Ok(()) => coverage_command(&coverage::Options {
+                out,
+                suite: !no_suite,
+            }),
+            Err(code) => code,
+        },
         Command::Boot(args) => boot_command(&args),
     }
 }
@@ -113,9 +147,16 @@ fn boot_command(args: &BootArgs) -> ExitCode {
         Ok(image) => image,
         Err(e) => {
             eprintln!("vpmu boot: cannot read {}: {e}", args.image.display());
-            return ExitCode::FAILURE;
+            return ExitCode::from(BAD_USAGE);
         }
     };
+    if let Err(code) = args
+        .initrd
+        .as_deref()
+        .map_or(Ok(()), |initrd| readable("boot", initrd))
+    {
+        return code;
+    }
     if vpmu_machine::loader::multiboot_header(&image).is_some() {
         if args.initrd.is_some() {
             eprintln!("vpmu boot: --initrd is for a Linux kernel, not a multiboot image");
@@ -195,7 +236,7 @@ fn linux_command(args: &BootArgs, kernel: &[u8]) -> ExitCode {
             Ok(bytes) => Some(bytes),
             Err(e) => {
                 eprintln!("vpmu boot: cannot read {}: {e}", path.display());
-                return ExitCode::FAILURE;
+                return ExitCode::from(BAD_USAGE);
             }
         },
         None => None,
@@ -299,26 +340,49 @@ fn boot_outcome(
     }
 }
 
-/// `/dev/kvm` for `command`, or the clear message and exit status 77 without it.
+/// Ok if `path` can be read; otherwise the problem on stderr and exit status 2.
+fn readable(command: &str, path: &std::path::Path) -> Result<(), ExitCode> {
+    std::fs::File::open(path).map(drop).map_err(|e| {
+        eprintln!("vpmu {command}: cannot read {}: {e}", path.display());
+        ExitCode::from(BAD_USAGE)
+    })
+}
+
+/// Ok if the directory `path` exists or could be created; otherwise the problem on stderr and
+/// exit status 2.
+fn creatable(command: &str, path: &std::path::Path) -> Result<(), ExitCode> {
+    std::fs::create_dir_all(path).map_err(|e| {
+        eprintln!(
+            "vpmu {command}: cannot create the output directory {}: {e}",
+            path.display()
+        );
+        ExitCode::from(BAD_USAGE)
+    })
+}
+
+/// `/dev/kvm` for `command`, or, without it, exit status 77 and the same two lines from every
+/// subcommand: the reason on stderr, `SKIPPED: ...` on stdout (for test harnesses).
 fn kvm_for(command: &str) -> Result<kvm_ioctls::Kvm, ExitCode> {
     kvm::usable().map_err(|e| {
         eprintln!(
             "vpmu {command}: cannot run: /dev/kvm is not available ({e}). The guests run on \
              KVM; run this on a host with /dev/kvm readable and writable by this user."
         );
+        println!("SKIPPED: /dev/kvm not available ({e})");
         ExitCode::from(77)
     })
 }
 
 /// `vpmu selftest` (`verbose` is Some) or `vpmu bench`.
 fn suite_command(vendor: selftest::VendorChoice, verbose: Option<bool>) -> ExitCode {
-    let kvm = match kvm::usable() {
+    let command = if verbose.is_some() {
+        "selftest"
+    } else {
+        "bench"
+    };
+    let kvm = match kvm_for(command) {
         Ok(kvm) => kvm,
-        Err(e) => {
-            eprintln!("SKIPPED: /dev/kvm not available ({e})");
-            println!("SKIPPED: /dev/kvm not available ({e})");
-            return ExitCode::from(77);
-        }
+        Err(code) => return code,
     };
     let Some(verbose) = verbose else {
         return match selftest::bench(&kvm, vendor) {
@@ -356,17 +420,41 @@ fn given_to_profile(matches: &clap::ArgMatches, id: &str) -> bool {
         == Some(ValueSource::CommandLine)
 }
 
-/// `vpmu profile`: 0 if every built-in check passed, 1 if one failed or the run broke.
-fn profile_command(options: &profile::Options) -> ExitCode {
+/// `vpmu profile`: 0 if every built-in check passed, 1 if one failed or the run broke, 2 a bad
+/// path, 130 interrupted (the outputs are written of what was collected).
+fn profile_command(mut options: profile::Options) -> ExitCode {
+    if let Err(e) = options.check_paths() {
+        eprintln!("vpmu profile: {e}");
+        return ExitCode::from(BAD_USAGE);
+    }
     let kvm = match kvm_for("profile") {
         Ok(kvm) => kvm,
         Err(code) => return code,
     };
-    match profile::profile(&kvm, options) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
+    if !options.sweep {
+        // The first ^C asks the run to stop and keep its samples; a second one ends the
+        // process at once (the flag is already set then), as with `perf record`.
+        let interrupt = Arc::new(AtomicBool::new(false));
+        let sigint = signal_hook::consts::SIGINT;
+        let registered =
+            signal_hook::flag::register_conditional_shutdown(sigint, INTERRUPTED.into(), {
+                interrupt.clone()
+            })
+            .and_then(|_| signal_hook::flag::register(sigint, interrupt.clone()));
+        match registered {
+            Ok(_) => options.interrupt = Some(interrupt),
+            Err(e) => eprintln!("vpmu profile: ^C will not keep the samples ({e})"),
+        }
+    }
+    match profile::profile(&kvm, &options) {
+        Ok(profile::Outcome::Passed) => ExitCode::SUCCESS,
+        Ok(profile::Outcome::Failed) => {
             eprintln!("vpmu profile: a check FAILED (see the report)");
             ExitCode::FAILURE
+        }
+        Ok(profile::Outcome::Interrupted) => {
+            eprintln!("vpmu profile: interrupted; the outputs hold the samples collected");
+            ExitCode::from(INTERRUPTED)
         }
         Err(e) => {
             eprintln!("vpmu profile: {e}");

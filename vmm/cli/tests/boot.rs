@@ -197,15 +197,15 @@ fn summary_lines_are_read_as_kvm_unit_tests_writes_them() {
     assert_eq!(unexpected_failures("PASS: a"), None);
 }
 
-/// The skip paths of the binary: no device (77, loud), no image (a clear error, status 1),
-/// not a multiboot image (status 1).
+/// The skip paths of the binary: no device (77, loud), no image (a clear error, status 2 as
+/// every subcommand gives for a bad path), not a multiboot image (status 2).
 #[test]
 fn boot_without_kvm_or_image_says_why() {
     let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
         .args(["boot", "/nonexistent/image.elf"])
         .output()
         .expect("run the vpmu binary");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/image.elf"));
     // A multiboot header (magic, flags, checksum) is all the check before /dev/kvm needs.
     let dir = std::env::temp_dir().join(format!("vpmu-boot-test-{}", std::process::id()));

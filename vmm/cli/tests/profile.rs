@@ -207,6 +207,43 @@ fn hv_mode_amd() {
     let top = hv["functions"][0]["name"].as_str().expect("a function");
     assert!(top.starts_with("vmm_"), "{hv}");
     assert!(doc["comparison"].is_null(), "no comparison run in hv mode");
+    // perf names every sample, the hypervisor's too (`[k] vmm_*`, not `[H] 0xffffff...`), and
+    // pprof keeps it apart under its own name.
+    let perf_data = out.join("perf.data");
+    let perf_data = perf_data.to_str().expect("a UTF-8 path");
+    every_sample_named(perf_data);
+    let report = tool(
+        "perf",
+        &[
+            "report",
+            "-i",
+            perf_data,
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "comm,sym",
+        ],
+    );
+    let hv_lines: Vec<&str> = report
+        .lines()
+        .filter(|l| l.contains('%') && l.contains("hypervisor"))
+        .collect();
+    assert!(!hv_lines.is_empty(), "no hypervisor line:\n{report}");
+    for line in hv_lines {
+        assert!(line.contains("[k] vmm_"), "{line}");
+    }
+    let pb = out.join("profile.pb.gz");
+    let top = tool(
+        "go",
+        &[
+            "tool",
+            "pprof",
+            "-top",
+            "-sample_index=samples",
+            pb.to_str().expect("UTF-8"),
+        ],
+    );
+    assert!(top.contains("hypervisor:vmm_"), "{top}");
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -358,6 +395,62 @@ fn graph_name(line: &str) -> Option<&str> {
     (!name.is_empty() && !name.contains('|')).then_some(name)
 }
 
+/// `perf script` and `perf report` name every sample of `perf_data`: no `[unknown]` symbol or
+/// object, no bare address (a hypervisor sample unnamed is `[H] 0xffffff...`), in the sampled
+/// IP and in every frame of its chain.
+fn every_sample_named(perf_data: &str) {
+    let script = tool("perf", &["script", "-i", perf_data, "-F", "comm,ip,sym"]);
+    let mut frames = 0;
+    for line in script
+        .lines()
+        .filter(|l| l.starts_with(char::is_whitespace))
+    {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.is_empty() {
+            continue;
+        }
+        frames += 1;
+        assert!(
+            words.len() == 2 && words[1] != "[unknown]",
+            "an unnamed frame in perf script: {line:?}"
+        );
+    }
+    assert!(frames > 100, "{frames} frames:\n{script}");
+    let report = tool(
+        "perf",
+        &[
+            "report",
+            "-i",
+            perf_data,
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "comm,dso,sym",
+        ],
+    );
+    for line in report
+        .lines()
+        .filter(|l| l.contains('%') && !l.contains("--"))
+    {
+        assert!(
+            !line.contains("[unknown]") && !line.contains(" 0x"),
+            "an unnamed sample in perf report: {line}"
+        );
+    }
+}
+
+/// The frames of one `go tool pprof -traces` trace, innermost first, without the domain
+/// prefix pprof's names carry (`dom1:w1_deflate` is `w1_deflate` of dom1); label lines
+/// (`domain:  dom1`) are not frames.
+fn pprof_frames(trace: &str) -> Vec<&str> {
+    trace
+        .lines()
+        .filter(|l| !l.contains(":  ") && !l.trim_start().starts_with('-'))
+        .filter_map(|l| l.split_whitespace().last())
+        .filter_map(|f| f.split_once(':').map(|(_, name)| name))
+        .collect()
+}
+
 /// A short default profile opened with the tools people use: `perf report` and `perf script`
 /// read perf.data and find each domain's hot function with its caller; `go tool pprof` reads
 /// profile.pb.gz with the same stacks and labels; the collapsed stacks and samples.jsonl
@@ -456,11 +549,7 @@ fn tool_formats() {
         let focus = format!("-tagfocus=domain=dom{d}");
         let traces = tool("go", &["tool", "pprof", "-traces", &focus, pb]);
         let found = traces.split("-----------+").any(|t| {
-            let frames: Vec<&str> = t
-                .lines()
-                .filter(|l| !l.contains(':') && !l.trim_start().starts_with('-'))
-                .filter_map(|l| l.split_whitespace().last())
-                .collect();
+            let frames = pprof_frames(t);
             t.contains(&format!("domain:  dom{d}"))
                 && t.contains("mode:  user")
                 && frames.len() >= 2
@@ -486,6 +575,103 @@ fn tool_formats() {
     }
     let svg = std::fs::read_to_string(out.join("flamegraph.svg")).expect("flamegraph.svg");
     assert!(svg.contains("w1_main") && svg.contains("w1_deflate"));
+
+    // Nothing unnamed in perf, in the sampled IPs or the chains, guest kernels included.
+    every_sample_named(perf_data);
+    // The outermost frame of a workload's stack is the same in perf, pprof and the folded
+    // stacks (the entry code, `user_enter`: perf once read `user_return`, the symbol after
+    // the call that ends `user_enter`).
+    let outermost_folded: Vec<&str> = folded
+        .lines()
+        .filter(|l| l.starts_with("dom1;") && l.contains(";w1_main;w1_deflate "))
+        .filter_map(|l| l.split(';').nth(1))
+        .collect();
+    assert!(!outermost_folded.is_empty(), "{folded}");
+    let outermost_perf: Vec<&str> = script
+        .split("\n\n")
+        .filter(|s| s.trim_start().starts_with("dom1 "))
+        .filter_map(|s| {
+            let frames: Vec<&str> = s
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .collect();
+            (frames.first() == Some(&"w1_deflate")).then(|| frames.last().copied())?
+        })
+        .collect();
+    assert!(!outermost_perf.is_empty());
+    let traces = tool(
+        "go",
+        &["tool", "pprof", "-traces", "-tagfocus=domain=dom1", pb],
+    );
+    let outermost_pprof: Vec<&str> = traces
+        .split("-----------+")
+        .map(pprof_frames)
+        .filter(|f| f.first() == Some(&"w1_deflate"))
+        .filter_map(|f| f.last().copied())
+        .collect();
+    for outermost in outermost_perf.iter().chain(&outermost_pprof) {
+        assert_eq!(
+            *outermost, outermost_folded[0],
+            "perf, pprof and stacks.folded disagree"
+        );
+    }
+    // pprof: vCPU 0 and pCPU 0 are labels like any other (a label of value 0 was dropped),
+    // and the profiler's `main` is not a workload's `main`.
+    let vcpu0 = tool("go", &["tool", "pprof", "-traces", "-tagfocus=vcpu=0", pb]);
+    assert!(
+        vcpu0.contains("vcpu:  0"),
+        "-tagfocus=vcpu=0 matched nothing:\n{vcpu0}"
+    );
+    let tags = tool("go", &["tool", "pprof", "-tags", pb]);
+    let pcpus = tags.split("pcpu:").nth(1).expect("a pcpu tag");
+    let pcpus = pcpus.split("\n\n").next().unwrap_or("");
+    assert!(
+        pcpus.contains("): 0") && pcpus.contains("): 1"),
+        "both pCPUs in pprof -tags:\n{tags}"
+    );
+    let all = tool(
+        "go",
+        &[
+            "tool",
+            "pprof",
+            "-top",
+            "-nodefraction=0",
+            "-nodecount=100000",
+            pb,
+        ],
+    );
+    let mains: Vec<&str> = all
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|f| f.ends_with(":main") || *f == "main")
+        .collect();
+    assert!(
+        mains.len() >= 2 && mains.iter().all(|f| f.starts_with("dom")),
+        "each domain's main apart: {mains:?}\n{all}"
+    );
+    assert!(
+        !tool("go", &["tool", "pprof", "-top", pb]).contains("File: dom0"),
+        "one domain's image named as the profile's"
+    );
+    // perf.data's header: build ids of the images, the command line, the CPU.
+    let header = tool("perf", &["report", "-i", perf_data, "--header-only"]);
+    for feature in [
+        "# cmdline : ",
+        "# cpudesc : ",
+        "# hostname : ",
+        "# os release : ",
+    ] {
+        assert!(header.contains(feature), "{feature} missing:\n{header}");
+    }
+    assert!(
+        !header.contains("BUILD_ID") && !header.contains("CMDLINE"),
+        "{header}"
+    );
+    let ids = tool("perf", &["buildid-list", "-i", perf_data]);
+    for d in 0..4 {
+        assert!(ids.contains(&format!("images/dom{d}-")), "dom{d}: {ids}");
+    }
 
     // Every workload sample's chain ends cleanly: complete for user code.
     let lines = std::fs::read_to_string(out.join("samples.jsonl")).expect("samples.jsonl");

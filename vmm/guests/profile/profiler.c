@@ -19,7 +19,9 @@ int main(u64 arg, u64 domain) {
     rt_init();
     detect();
     if (set != 0) {
-        puts("profiler: MODE_SET failed\n");
+        puts("profiler: MODE_SET failed: -");
+        put_dec((u64)-set);
+        puts("\n");
         return 3;
     }
     int sampling = profile_config.mode != XENPMU_MODE_SELF && profile_config.period != 0;

@@ -11,6 +11,8 @@ volatile u64 virq_count;
 volatile u64 pmi_per_cpu[8];
 void (*volatile virq_hook)(void);
 volatile u64 user_active[MAX_CPUS];
+volatile u64 user_gp_skip;
+struct xenpmu_transport xenpmu_transport;
 static volatile u64 user_saved_rsp[MAX_CPUS];
 /* user.S */
 extern char user_return[], user_resume[];
@@ -94,10 +96,10 @@ static void fatal(const char *what, struct iframe *f) {
 
 __attribute__((interrupt)) static void gp_handler(struct iframe *f, u64 err) {
     (void)err;
-    if ((f->cs & 3) == 3) fatal("unexpected #GP at CPL3", f);
+    if ((f->cs & 3) == 3 && !user_gp_skip) fatal("unexpected #GP at CPL3", f);
     gp_faults++;
     last_gp_rip = f->ip;
-    f->ip += 2; /* skip the faulting RDMSR/WRMSR */
+    f->ip += (f->cs & 3) == 3 ? user_gp_skip : 2; /* skip the faulting RDMSR/WRMSR (or IN) */
 }
 
 __attribute__((interrupt)) static void pmi_handler(struct iframe *f) {
@@ -176,11 +178,70 @@ void rt_init(void) {
                     : i == 13 ? (void *)gp_handler
                               : (void *)other_handler);
     set_gate(PMI_VECTOR, pmi_handler);
-    set_gate(VIRQ_VECTOR, virq_handler);
+    /* The PMU VIRQ arrives on the vector the hypervisor names (CPUID transport leaf ECX). */
+    xenpmu_transport_ready();
+    if ((xenpmu_transport.flags & XENPMU_TRANSPORT_VIRQ_VECTOR) && xenpmu_transport.vector >= 32 &&
+        xenpmu_transport.vector != PMI_VECTOR)
+        set_gate((int)xenpmu_transport.vector, virq_handler);
     __asm__ volatile("lidt %0" ::"m"(idtr));
     apic_write(LAPIC_SVR, 0x1ff);
     apic_write(LAPIC_LVTPC, PMI_VECTOR);
     __asm__ volatile("sti");
+}
+
+int xenpmu_discover(struct xenpmu_transport *t) {
+    u32 a, b, c, d;
+    memset(t, 0, sizeof(*t));
+    /* CPUID.1:ECX[31]: a hypervisor is present; only then is the range its. */
+    cpuid(1, 0, &a, &b, &c, &d);
+    if (!(c & (1u << 31))) return -1;
+    for (u32 base = XENPMU_CPUID_FIRST; base < XENPMU_CPUID_END; base += XENPMU_CPUID_STRIDE) {
+        cpuid(base, 0, &a, &b, &c, &d);
+        if (b != XENPMU_CPUID_SIGNATURE || c != XENPMU_CPUID_SIGNATURE || d != XENPMU_CPUID_SIGNATURE ||
+            a < base + XENPMU_CPUID_LEAVES || a - base > 0xff)
+            continue;
+        t->max_leaf = a;
+        cpuid(base + XENPMU_CPUID_LEAF_VERSION, 0, &t->version, &t->op_count, &c, &d);
+        cpuid(base + XENPMU_CPUID_LEAF_TRANSPORT, 0, &t->flags, &t->port, &t->vector, &d);
+        t->port &= 0xffff;
+        t->vector &= 0xff;
+        t->base = base;
+        return 0;
+    }
+    return -1;
+}
+
+static xenpmu_params call_blocks[MAX_CPUS] __attribute__((aligned(32)));
+
+/* The shared discovery, made once per vCPU that finds it not yet made. Several vCPUs may
+ * discover at once: each fills a private copy and publishes the fields with `base` last, so a
+ * vCPU that sees `base` set sees the rest (discovering into the shared struct directly let one
+ * vCPU's clearing of it show another a zero `flags`: a spurious -ENOSYS). Every copy holds
+ * the same values, so concurrent publications agree. */
+void xenpmu_transport_ready(void) {
+    if (__atomic_load_n(&xenpmu_transport.base, __ATOMIC_ACQUIRE) != 0) return;
+    struct xenpmu_transport found;
+    if (xenpmu_discover(&found) != 0) return;
+    xenpmu_transport.max_leaf = found.max_leaf;
+    xenpmu_transport.version = found.version;
+    xenpmu_transport.op_count = found.op_count;
+    xenpmu_transport.flags = found.flags;
+    xenpmu_transport.port = found.port;
+    xenpmu_transport.vector = found.vector;
+    __atomic_store_n(&xenpmu_transport.base, found.base, __ATOMIC_RELEASE);
+}
+
+i64 hypercall(u32 op, void *params) {
+    xenpmu_transport_ready();
+    if (!(xenpmu_transport.flags & XENPMU_TRANSPORT_IO_PORT)) return -XENPMU_ENOSYS;
+    u64 flags;
+    __asm__ volatile("pushfq; popq %0; cli" : "=r"(flags)::"memory");
+    xenpmu_params *block = &call_blocks[cpu_id()];
+    memcpy(block, params, sizeof(*block));
+    u64 r = xenpmu_call_raw((u16)xenpmu_transport.port, XENPMU_HYPERCALL_NR, op, (u64)block);
+    memcpy(params, block, sizeof(*block));
+    __asm__ volatile("pushq %0; popfq" ::"r"(flags) : "memory", "cc");
+    return (i64)(int)(u32)r;
 }
 
 int rdmsr_safe(u32 msr, u64 *val) {

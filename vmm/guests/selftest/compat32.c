@@ -79,11 +79,37 @@ static void report_hex(const char *name, int ok, uint64_t got, uint64_t want) {
     if (!ok) failures++;
 }
 
-/* The control-operation hypercall from compatibility mode: op in EDI, the parameter block's
- * address in ESI (the VMM takes the low halves when CS.L = 0), the result in EAX. */
+/* The xenpmu transport as a 32-bit driver finds it (docs/abi.md "Transport"): the CPUID
+ * range scanned for the signature; returns the I/O port, or 0 without one. */
+static uint32_t discover_port32(void) {
+    uint32_t a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1u), "c"(0u));
+    if (!(c & (1u << 31))) return 0;
+    for (uint32_t base = XENPMU_CPUID_FIRST; base < XENPMU_CPUID_END; base += XENPMU_CPUID_STRIDE) {
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(base), "c"(0u));
+        if (b != XENPMU_CPUID_SIGNATURE || c != XENPMU_CPUID_SIGNATURE || d != XENPMU_CPUID_SIGNATURE ||
+            a < base + XENPMU_CPUID_LEAVES)
+            continue;
+        __asm__ volatile("cpuid"
+                         : "=a"(a), "=b"(b), "=c"(c), "=d"(d)
+                         : "a"(base + XENPMU_CPUID_LEAF_TRANSPORT), "c"(0u));
+        return (a & XENPMU_TRANSPORT_IO_PORT) ? (b & 0xffff) : 0;
+    }
+    return 0;
+}
+
+/* The parameter block: aligned, so it never crosses a page (the transport's rule). */
+static xenpmu_params block32 __attribute__((aligned(32)));
+
+/* The control-operation call from compatibility mode: EAX = XENPMU_HYPERCALL_NR, op in EDI,
+ * the parameter block's (guest-physical = linear here) address in ESI, the result in EAX. */
 static int32_t hypercall32(uint32_t op, xenpmu_params *params) {
-    uint32_t r;
-    __asm__ volatile("inl %%dx, %%eax" : "=a"(r) : "d"(PORT_HYPERCALL), "D"(op), "S"(params) : "memory");
+    uint32_t port = discover_port32();
+    if (!port) return -XENPMU_ENOSYS;
+    uint32_t r = XENPMU_HYPERCALL_NR;
+    memcpy(&block32, params, sizeof(block32));
+    __asm__ volatile("inl %%dx, %%eax" : "+a"(r) : "d"((uint16_t)port), "D"(op), "S"(&block32) : "memory");
+    memcpy(params, &block32, sizeof(block32));
     return (int32_t)r;
 }
 

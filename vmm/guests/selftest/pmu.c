@@ -605,6 +605,8 @@ static void case_running_counter_write(void) {
     }
 }
 
+void case_transport(void);
+
 static const struct case_entry cases[] = {
     {"gp_counts_exactly", case_gp_counts_exactly},
     {"disabled_does_not_count", case_disabled_does_not_count},
@@ -626,6 +628,7 @@ static const struct case_entry cases[] = {
     {"rdpmc", case_rdpmc},
     {"running_counter_write", case_running_counter_write},
     {"completed_instructions_count_once", case_completed_instructions},
+    {"transport", case_transport}, /* transport.c; the last: vpmu-cli's test runs it by index */
 };
 
 /* Starts a case: runtime set-up, the CASE line the VMM parses, vendor detection. */

@@ -402,6 +402,10 @@ impl<P: Personality> crate::runner::Runner<'_, P> {
             return Ok(None);
         };
         match *exit {
+            // The xenpmu transport's port is served in boot mode too (the run loop's).
+            Exit::In { port, .. } | Exit::Out { port, .. } if port == crate::port::HYPERCALL => {
+                Ok(None)
+            }
             Exit::Out { port, size, value } => self.device_out(port, size, value, result).map(Some),
             Exit::In { port, data, len } => {
                 let bytes = devices.input(port, len).to_le_bytes();

@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use kvm_bindings::kvm_sync_regs;
 use kvm_ioctls::VcpuExit;
 use vpmu::abi::ops::{OpError, Params, XENPMU_OP_FINISH, XENPMU_OP_MODE_SET};
 use vpmu::{Msr, MsrOutcome, VcpuId};
@@ -13,6 +12,7 @@ use super::RunResult;
 use super::runner::Runner;
 use crate::error::{MachineError, Result};
 use crate::personality::Personality;
+use crate::transport::{self, Call};
 
 /// Between two attempts of a control operation the core answered `-EAGAIN`: long enough for
 /// the other pCPU threads to run (two cores here), short against a kick's latency.
@@ -163,22 +163,25 @@ impl<P: Personality> Runner<'_, P> {
         matches!(outcome, Ok(MsrOutcome::Handled(())))
     }
 
-    /// The control-operation hypercall: RDI = op (EDI in compatibility mode), RSI (ESI in
-    /// compatibility mode) = GPA of the parameter block. Returns 0 or `-errno` (as the 32-bit
-    /// EAX value); an op number that does not fit 32 bits is an unknown operation
-    /// (`-EOPNOTSUPP`, checked first as docs/abi.md orders). An operation that waits for
+    /// A call through the reference transport (docs/abi.md "Transport"): an IN of `len`
+    /// bytes from `port::HYPERCALL`, decoded by `transport::decode` (size, CPL, RAX, op, the
+    /// block: each refusal is the transport's error, before any of the operation's checks);
+    /// returns the IN's value: all ones for an access that is no call, else EAX = 0 or
+    /// `-errno`. An operation that waits for
     /// other pCPUs (`-EAGAIN`) is restarted here, as a hypervisor restarts the hypercall,
     /// after this pCPU completed its own requests (another pCPU's operation may wait for them)
     /// and holding no lock, until it completes or `deadline` passes (the guest then sees the
     /// `-EAGAIN`). Once FINISH has torn a vCPU down, or MODE_SET has left a mode, the LVTPC
     /// deliveries still queued for the vCPUs concerned are dropped (reported not delivered).
-    pub(super) fn hypercall(&mut self, deadline: Instant) -> Result<u32> {
-        let (op, gpa) = hypercall_args(&self.sync);
-        let Some(op) = op else {
-            return Ok(OpError::NotSupported.return_value() as u32);
+    pub(super) fn hypercall(&mut self, len: usize, deadline: Instant) -> Result<u32> {
+        let mem = &self.vm.mem;
+        let (op, gpa) = match transport::decode(&self.sync, len, |gpa, n| mem.contains(gpa, n)) {
+            Call::Ignored => return Ok(u32::MAX),
+            Call::Refused(errno) => return Ok(errno as u32),
+            Call::Op { op, gpa } => (op, gpa),
         };
         let Some(params) = self.vm.mem.read_as::<Params>(gpa) else {
-            return Ok((-i64::from(vpmu::abi::ops::XENPMU_EINVAL)) as u32);
+            return Ok((-i64::from(vpmu::abi::XENPMU_EFAULT)) as u32);
         };
         let me = self.me;
         let mode_before = self.shared.vpmu.mode();
@@ -220,47 +223,5 @@ impl<P: Personality> Runner<'_, P> {
                 e.return_value() as u32
             }
         })
-    }
-}
-
-/// The hypercall's operation number and parameter block address from the guest's registers:
-/// in 64-bit mode RDI and RSI, whole (an op above `u32::MAX` is no operation: `None`); from
-/// compatibility mode (CS.L = 0) EDI and ESI, the upper halves being whatever 64-bit code
-/// left there.
-pub(super) fn hypercall_args(sync: &kvm_sync_regs) -> (Option<u32>, u64) {
-    let (rdi, rsi) = (sync.regs.rdi, sync.regs.rsi);
-    if sync.sregs.cs.l == 0 {
-        (Some(rdi as u32), rsi & 0xffff_ffff)
-    } else {
-        (u32::try_from(rdi).ok(), rsi)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use vpmu::abi::ops::XENPMU_OP_MODE_GET;
-
-    #[test]
-    fn hypercall_op_above_32_bits_is_refused_not_truncated() {
-        let mut sync = kvm_sync_regs::default();
-        sync.sregs.cs.l = 1;
-        sync.regs.rdi = 1 << 32;
-        sync.regs.rsi = 0x1_2345_6000;
-        // 2^32 would be MODE_GET once cut to 32 bits.
-        assert_eq!(hypercall_args(&sync), (None, 0x1_2345_6000));
-        sync.regs.rdi = (1 << 32) | u64::from(XENPMU_OP_FINISH);
-        assert_eq!(hypercall_args(&sync).0, None);
-        sync.regs.rdi = u64::from(u32::MAX);
-        assert_eq!(hypercall_args(&sync).0, Some(u32::MAX));
-        sync.regs.rdi = u64::from(XENPMU_OP_FINISH);
-        assert_eq!(hypercall_args(&sync).0, Some(XENPMU_OP_FINISH));
-        // The refusal is the ABI's for an unknown operation.
-        assert_eq!(OpError::NotSupported.return_value(), -95);
-        // Compatibility mode: EDI and ESI, whatever 64-bit code left in the upper halves.
-        sync.sregs.cs.l = 0;
-        sync.regs.rdi = 0xdead_beef_0000_0000 | u64::from(XENPMU_OP_MODE_GET);
-        sync.regs.rsi = 0xdead_beef_0000_3000;
-        assert_eq!(hypercall_args(&sync), (Some(XENPMU_OP_MODE_GET), 0x3000));
     }
 }

@@ -33,8 +33,19 @@ pub const TSS_BASE: u64 = 0x600;
 const TSS_STRIDE: u64 = 0x80;
 /// vCPUs per VM that get a TSS (the others run without a task register: no CPL3).
 pub const TSS_VCPUS: u64 = 8;
-/// TSS limit: 104 bytes, no I/O permission bitmap (IOPB offset = limit + 1).
-const TSS_LIMIT: u32 = 0x67;
+/// The I/O permission bitmap's offset in each TSS (right after the 104-byte TSS proper).
+const TSS_IOPB: u64 = 0x68;
+/// Bytes of the bitmap: ports 0-31 (one bit each, set = CPL3 access faults), then the
+/// terminating 0xff byte the processor requires; ports above 31 are outside the limit and
+/// always fault at CPL3. The VMM sets every bit; a guest kernel may clear one to open a port to
+/// its user code (the transport test does, to see the VMM refuse a CPL3 call).
+const TSS_IOPB_BYTES: usize = 5;
+/// TSS limit: the 104 bytes and the bitmap.
+const TSS_LIMIT: u32 = (TSS_IOPB as u32) + TSS_IOPB_BYTES as u32 - 1;
+const _: () = assert!(
+    (TSS_LIMIT as u64) < TSS_STRIDE,
+    "a TSS and its bitmap fit the stride"
+);
 /// Default TSS.RSP0 below the vCPU's initial stack (the guest's `user_call` replaces it).
 const RSP0_BELOW_STACK: u64 = 0x8000;
 
@@ -146,6 +157,26 @@ impl GuestMem {
     /// Writes a little-endian u64.
     pub fn write_u64(&self, gpa: u64, v: u64) -> Result<()> {
         self.write(gpa, &v.to_le_bytes())
+    }
+
+    /// Stores `v` at the 8-byte aligned `gpa` with one single-copy-atomic 64-bit store (a
+    /// guest reading the word with one 64-bit load sees the old or the new value, never a mix),
+    /// ordered by `order` against the VMM's other accesses.
+    pub fn store_u64(&self, gpa: u64, v: u64, order: std::sync::atomic::Ordering) -> Result<()> {
+        if gpa % 8 != 0 || !self.contains(gpa, 8) {
+            return Err(self.outside(gpa, 8));
+        }
+        self.mem
+            .store(v, GuestAddress(gpa), order)
+            .map_err(|_| self.outside(gpa, 8))
+    }
+
+    /// Loads the 8-byte aligned u64 at `gpa` with one single-copy-atomic 64-bit load.
+    pub fn load_u64(&self, gpa: u64, order: std::sync::atomic::Ordering) -> Option<u64> {
+        if gpa % 8 != 0 || !self.contains(gpa, 8) {
+            return None;
+        }
+        self.mem.load(GuestAddress(gpa), order).ok()
     }
 }
 
@@ -281,6 +312,13 @@ impl Vm {
             // TSS.RSP0 (offset 4), until the guest sets its own.
             self.mem
                 .write_u64(TSS_BASE + id * TSS_STRIDE + 4, rsp - RSP0_BELOW_STACK)?;
+            // The I/O map base (offset 102) and a closed bitmap: CPL3 port I/O faults (#GP)
+            // unless the guest opens a port. Left 0, the "bitmap" would be the TSS's own
+            // first bytes, whose reserved zeros opened ports 0-31 to CPL3.
+            let tss = TSS_BASE + id * TSS_STRIDE;
+            self.mem
+                .write(tss + 102, &(TSS_IOPB as u16).to_le_bytes())?;
+            self.mem.write(tss + TSS_IOPB, &[0xff; TSS_IOPB_BYTES])?;
         }
         let mut regs = fd.get_regs().map_err(MachineError::kvm("KVM_GET_REGS"))?;
         regs.rip = rip;

@@ -71,6 +71,7 @@ pub mod kvm;
 mod layout;
 pub mod linux;
 pub mod loader;
+mod page_write;
 pub mod personality;
 mod platform;
 pub mod port;
@@ -86,11 +87,13 @@ pub mod symbols;
 mod tests;
 pub(crate) mod timed;
 pub mod translate;
+pub mod transport;
 
 /// The privileged domain (domain 0; a run has one VM per domain, numbered from 0).
 pub const PRIVILEGED_DOMAIN: u32 = 0;
-/// The vector of the PMU VIRQ (a sample is in the shared page).
-pub const VIRQ_VECTOR: u8 = 0x41;
+/// The vector of the PMU VIRQ (a sample is in the shared page), reported to guests in the
+/// transport's CPUID leaf (`transport`).
+pub const VIRQ_VECTOR: u8 = vpmu_guest_protocol::virq::VIRQ_VECTOR;
 /// Stack per vCPU.
 const STACK_SIZE: u64 = 0x1_0000;
 
@@ -380,8 +383,15 @@ impl<P: Personality> Machine<P> {
         let table = Table {
             vcpus: vcpus
                 .iter()
-                .map(|&(id, _)| Mutex::new(vpmu.new_vcpu(id)))
-                .collect(),
+                .map(|&(id, _)| {
+                    vpmu.new_vcpu(id)
+                        .map(Mutex::new)
+                        .map_err(|error| MachineError::Core {
+                            call: "new_vcpu",
+                            error,
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?,
             index: index.clone(),
         };
         let host = Host::new(layout, index, senders);

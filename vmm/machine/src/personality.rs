@@ -297,6 +297,7 @@ impl Personality for Intel {
             e.ecx &= !vpmu_amd::CPUID_PERF_CTR_EXT_CORE
         });
         set_leaf(cpuid, CPUID_PERFMON_LEAF, 0, [0; 4]);
+        crate::transport::add_cpuid_leaves(cpuid);
     }
 }
 
@@ -392,6 +393,7 @@ impl Personality for Amd {
             e.eax = leaves.edit_max_extended_leaf(e.eax);
         });
         set_leaf(cpuid, CPUID_PERFMON_LEAF, 0, leaves.perfmon);
+        crate::transport::add_cpuid_leaves(cpuid);
     }
 }
 

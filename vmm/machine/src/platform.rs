@@ -16,7 +16,8 @@ use zerocopy::IntoBytes;
 
 use super::{PRIVILEGED_DOMAIN, VIRQ_VECTOR};
 use crate::host::{Host, QueuedPmi};
-use crate::kvm::{GuestMem, Vm};
+use crate::kvm::Vm;
+use crate::page_write::write_changes;
 use crate::translate::Paging;
 
 const LAPIC_ID: usize = 0x20;
@@ -387,24 +388,6 @@ impl Platform for KvmPlatform<'_> {
     }
 }
 
-/// Writes back to `gpa` the runs of bytes where `after` differs from `before` (copies of the
-/// same guest range).
-fn write_changes(mem: &GuestMem, gpa: u64, before: &[u8], after: &[u8]) {
-    let mut i = 0;
-    while i < after.len() {
-        if before.get(i) == Some(&after[i]) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < after.len() && before.get(i) != Some(&after[i]) {
-            i += 1;
-        }
-        // Inside RAM: the range was just read.
-        let _ = mem.write(gpa + start as u64, &after[start..i]);
-    }
-}
-
 /// Sends an MSI for `vector` to LAPIC `apic_id` of `vm`.
 fn msi(vm: &Vm, apic_id: u32, vector: u8) -> bool {
     let msi = kvm_msi {
@@ -478,7 +461,7 @@ pub(super) fn regs_of(s: &kvm_sync_regs) -> Regs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Layout, VcpuIndex};
+    use crate::{GuestMem, Layout, VcpuIndex};
 
     #[test]
     fn page_slots_refuse_frames_that_do_not_fit_32_bits() {
@@ -492,18 +475,20 @@ mod tests {
     }
 
     #[test]
-    fn only_the_changed_bytes_of_a_page_copy_are_written_back() {
+    fn only_the_changed_words_of_a_page_copy_are_written_back() {
         let mem = GuestMem::new(1 << 20).expect("memory");
-        mem.write(0x1000, &[1, 2, 3, 4, 5, 6]).expect("in RAM");
-        let before = mem.to_vec(0x1000, 6).expect("in RAM");
+        let bytes: Vec<u8> = (1..=24).collect();
+        mem.write(0x1000, &bytes).expect("in RAM");
+        let before = mem.to_vec(0x1000, 24).expect("in RAM");
         let mut after = before.clone();
-        after[1] = 20;
-        after[2] = 30;
-        after[5] = 60;
-        // The guest writes byte 3 meanwhile: the write-back leaves it.
-        mem.write(0x1003, &[40]).expect("in RAM");
+        after[1] = 20; // word 0
+        after[17] = 60; // word 2
+        // The guest writes word 1 meanwhile: the write-back leaves it.
+        mem.write(0x1008, &[80; 8]).expect("in RAM");
         write_changes(&mem, 0x1000, &before, &after);
-        assert_eq!(mem.to_vec(0x1000, 6), Some(vec![1, 20, 30, 40, 5, 60]));
+        let mut want = after.clone();
+        want[8..16].copy_from_slice(&[80; 8]);
+        assert_eq!(mem.to_vec(0x1000, 24), Some(want));
     }
 
     #[test]

@@ -136,7 +136,7 @@ impl<'a, P: Personality> Runner<'a, P> {
             let Some(request) = self.parts().requests.try_recv().ok() else {
                 return Ok(());
             };
-            // An `Unload` of this vCPU delivers an overflow its save found at once.
+            // A `CatchUp` that saves this vCPU delivers an overflow the save found at once.
             self.recording_kept_pending(|p| {
                 p.shared
                     .vpmu
@@ -232,7 +232,7 @@ impl<'a, P: Personality> Runner<'a, P> {
         {
             error.get_or_insert(MachineError::Core {
                 call: "detach_pcpu",
-                error: e,
+                error: e.error,
             });
         }
         (log, error)
@@ -602,6 +602,8 @@ impl<'a, P: Personality> Runner<'a, P> {
                             return Ok(false);
                         }
                     }
+                    // An OUT to the transport's port is no call: ignored.
+                    port::HYPERCALL => {}
                     port::CONTROL => {
                         self.handler = if value == 1 {
                             MsrHandler::Null
@@ -627,7 +629,7 @@ impl<'a, P: Personality> Runner<'a, P> {
                 },
                 Exit::In { port, data, len } => {
                     let value = match port {
-                        port::HYPERCALL => self.hypercall(start + timeout)?,
+                        port::HYPERCALL => self.hypercall(len, start + timeout)?,
                         port::MIGRATE => self.migrate(kick)?,
                         port::SLICES => self.slices,
                         port::PMI_CONTEXT => {

@@ -147,7 +147,7 @@ fn discarded_deliveries_leave_the_queue() {
     let table = Table {
         vcpus: ids
             .iter()
-            .map(|&id| Mutex::new(vpmu.new_vcpu(id)))
+            .map(|&id| Mutex::new(vpmu.new_vcpu(id).expect("an ordinary domain")))
             .collect(),
         index: index.clone(),
     };

@@ -14,6 +14,7 @@
 //! The command line lives in `vpmu-cli`; this library takes typed `Options`, whose limits are
 //! the public constants below.
 
+mod elf_image;
 mod error;
 pub mod outputs;
 pub mod perf_data;
@@ -30,6 +31,8 @@ pub mod validate_stacks;
 pub mod workloads;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kvm_bindings::CpuId;
@@ -83,6 +86,11 @@ pub struct Options {
     pub sweep: bool,
     /// Draw a progress bar.
     pub progress: bool,
+    /// Set by the caller (the CLI's SIGINT handler) to stop sampling early: the samplers stop
+    /// and ship what they hold, the self-mode comparison is skipped, and the outputs are
+    /// written of what was collected, as `perf record` does (`run::StopPort`). Not for the
+    /// sweep, which measures complete runs.
+    pub interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl Default for Options {
@@ -100,6 +108,7 @@ impl Default for Options {
             compare: true,
             sweep: false,
             progress: true,
+            interrupt: None,
         }
     }
 }
@@ -391,8 +400,37 @@ struct Comparison<'a> {
     delivery: Delivery,
 }
 
-/// Runs `vpmu profile` and prints the report; Ok(true) if every check passed.
-pub fn profile(kvm: &Kvm, options: &Options) -> Result<bool, ProfileError> {
+/// How a `vpmu profile` run ended (its outputs written in every case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every check made held.
+    Passed,
+    /// A check failed.
+    Failed,
+    /// `Options::interrupt` was set: the outputs hold what was collected until then.
+    Interrupted,
+}
+
+impl Options {
+    /// Reads every `--guest` (refusing an unreadable one or one without symbols) and creates
+    /// the output directory: what a run would fail on because of a path, before anything runs.
+    pub fn check_paths(&self) -> Result<(), ProfileError> {
+        self.workloads()?;
+        std::fs::create_dir_all(&self.out).map_err(|source| ProfileError::OutDir {
+            path: self.out.clone(),
+            source,
+        })
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|i| i.load(Ordering::Relaxed))
+    }
+}
+
+/// Runs `vpmu profile` and prints the report.
+pub fn profile(kvm: &Kvm, options: &Options) -> Result<Outcome, ProfileError> {
     let cpuid = vpmu_machine::kvm::supported_cpuid(kvm).map_err(ProfileError::Cpuid)?;
     match options.vendor {
         Vendor::Intel => profile_with(kvm, &cpuid, Intel::v5(Source::Timed), options),
@@ -405,14 +443,18 @@ fn profile_with<P: Personality + Copy + Sync>(
     cpuid: &CpuId,
     p: P,
     options: &Options,
-) -> Result<bool, ProfileError> {
+) -> Result<Outcome, ProfileError> {
     let workloads = options.workloads()?;
     std::fs::create_dir_all(&options.out).map_err(|source| ProfileError::OutDir {
         path: options.out.clone(),
         source,
     })?;
     if options.sweep {
-        return sweep::sweep(kvm, cpuid, p, options, &workloads);
+        return Ok(if sweep::sweep(kvm, cpuid, p, options, &workloads)? {
+            Outcome::Passed
+        } else {
+            Outcome::Failed
+        });
     }
     let plan = Plan {
         mode: options.mode,
@@ -422,6 +464,7 @@ fn profile_with<P: Personality + Copy + Sync>(
         pcpus: options.pcpus,
         workloads: workloads.clone(),
         progress: options.progress,
+        interrupt: options.interrupt.clone(),
     };
     let built_in: Vec<Option<Workload>> = workloads.iter().map(|w| w.workload).collect();
     eprintln!(
@@ -444,8 +487,16 @@ fn profile_with<P: Personality + Copy + Sync>(
     report
         .checks
         .extend(validate_stacks::stack_shares(&report, &built_in));
-    let compare =
-        options.compare && options.mode == Mode::All && built_in.iter().all(Option::is_some);
+    if options.interrupted() {
+        eprintln!(
+            "vpmu profile: interrupted after {:.1} s: writing what was collected",
+            data.wall.as_secs_f64()
+        );
+    }
+    let compare = options.compare
+        && !options.interrupted()
+        && options.mode == Mode::All
+        && built_in.iter().all(Option::is_some);
     let comparison = if compare {
         eprintln!(
             "vpmu profile: the same workloads profiling themselves (self mode), for seed 002"
@@ -497,7 +548,13 @@ fn profile_with<P: Personality + Copy + Sync>(
         .map_err(ProfileError::write(&samples))?;
     write_outputs(&options.out, &report, &text, delivery, comparison.as_ref())?;
     write_tool_formats(&options.out, &data, &workloads, &report, options.duration)?;
-    Ok(!report.checks.iter().any(report::Check::fails))
+    Ok(if options.interrupted() {
+        Outcome::Interrupted
+    } else if report.checks.iter().any(report::Check::fails) {
+        Outcome::Failed
+    } else {
+        Outcome::Passed
+    })
 }
 
 fn write_outputs(
@@ -532,22 +589,39 @@ fn write_outputs(
     Ok(())
 }
 
-/// The ELF image of each domain of a run: the profiler's and each workload domain's.
-fn images(workloads: &[DomainPlan]) -> Vec<outputs::Image<'_>> {
+/// The ELF image of each domain of a run: the profiler's and each workload domain's, and in
+/// hv mode the hypervisor's symbol image.
+fn images(workloads: &[DomainPlan], mode: Mode) -> Vec<outputs::Image<'_>> {
+    use std::borrow::Cow;
     let mut images = vec![outputs::Image {
         origin: Origin::Domain(0),
         file_name: "profiler.elf".into(),
-        elf: vpmu_guests::PROFILER,
+        elf: Cow::Borrowed(vpmu_guests::PROFILER),
     }];
     for (i, w) in workloads.iter().enumerate() {
         images.push(outputs::Image {
             origin: Origin::Domain(i as u32 + 1),
             // "work.elf (compressor)" for the built-ins, the file's name for the user's.
             file_name: w.name.split(' ').next().unwrap_or("guest.elf").into(),
-            elf: &w.image,
+            elf: Cow::Borrowed(&w.image),
+        });
+    }
+    if mode == Mode::Hv {
+        images.push(outputs::Image {
+            origin: Origin::Hypervisor,
+            file_name: "vmm.elf".into(),
+            elf: Cow::Owned(hypervisor_image()),
         });
     }
     images
+}
+
+/// The hypervisor's symbol image: `vmm_activity_symbols` as an ELF (`elf_image::symbol_image`).
+fn hypervisor_image() -> Vec<u8> {
+    let table = vmm_activity_symbols();
+    let start = table.iter().map(|t| t.0).min().unwrap_or(0);
+    let end = table.iter().map(|t| t.0 + t.1).max().unwrap_or(start);
+    elf_image::symbol_image(start, end - start, &table)
 }
 
 /// Writes the formats other tools read: `perf.data` (with the images it maps under
@@ -559,17 +633,12 @@ fn write_tool_formats(
     report: &Report,
     duration: Duration,
 ) -> Result<(), ProfileError> {
-    let images = images(workloads);
+    let images = images(workloads, data.mode);
     let folder = out.join("images");
-    let paths = outputs::write_images(out, &images).map_err(ProfileError::write(&folder))?;
+    let written = outputs::write_images(out, &images).map_err(ProfileError::write(&folder))?;
     let samples: Vec<_> = data.samples().copied().collect();
     let perf = out.join("perf.data");
-    let label = format!(
-        "vpmu profile {} mode {} Hz",
-        data.mode.name(),
-        data.frequency
-    );
-    let bytes = outputs::perf_data(&samples, &images, &paths, data.period, data.pcpus, &label)
+    let bytes = outputs::perf_data(&samples, &images, &written, data.period, data.pcpus)
         .map_err(ProfileError::write(&perf))?;
     std::fs::write(&perf, bytes).map_err(ProfileError::write(&perf))?;
     let pb = out.join("profile.pb.gz");
@@ -577,7 +646,7 @@ fn write_tool_formats(
         &samples,
         &domain_infos(data, workloads),
         &images,
-        &paths,
+        &written,
         data.period,
         duration.as_nanos() as u64,
     );

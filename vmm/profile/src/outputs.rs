@@ -2,11 +2,29 @@
 //! script`), `profile.pb.gz` for pprof, `stacks.folded` for FlameGraph and speedscope. Each
 //! domain is a process (pid `domain + 1`, named `dom<n>`; the hypervisor pid `HYPERVISOR_PID`),
 //! each of its vCPUs a thread (tid `pid * 100 + vCPU`), its ELF image written beside the
-//! outputs (`images/dom<n>-<file>`) and mapped at its load addresses so that perf symbolizes
-//! it; every sample carries its call chain and its time (the host TSC at the PMI, in ns).
+//! outputs (`images/dom<n>-<file>`, with a GNU build id) and mapped at its load addresses so
+//! that perf symbolizes it; every sample carries its call chain and its time (the host TSC at
+//! the PMI, in ns).
+//!
+//! How perf is made to name every sample, with no option: perf looks a `PERF_RECORD_MISC_KERNEL`
+//! address up in its one machine-wide kernel address space, and a `_USER` one in the sampled
+//! process's maps. The domains' kernels all live at the same guest addresses (every image is
+//! loaded at 1 MiB), so they cannot share one kernel address space: a domain's samples, kernel
+//! and user, are recorded as its process's (`PERF_RECORD_MISC_USER`, chains under
+//! `PERF_CONTEXT_USER`) and found in its image, which holds both. The hypervisor is the host
+//! side of every guest: its samples are `PERF_RECORD_MISC_KERNEL`, found in its symbol image
+//! (`images/hypervisor-vmm.elf`, the VMM's activities as functions at their reserved
+//! addresses), mapped into perf's kernel address space, where no guest address can collide
+//! with it. perf's `[k]` therefore marks the hypervisor and `[.]` a guest's code, its kernel
+//! too; which guest samples were taken at CPL0 is in pprof's `mode` label, the `_[k]` frames of
+//! `stacks.folded` and `samples.jsonl`'s `user`. Return addresses are written one byte back,
+//! inside their call instruction, as the other outputs look them up (perf looks an address up
+//! as it is, and a call that ends its function would be credited to the next one).
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
+use super::elf_image;
 use super::perf_data::{self, CpuMode};
 use super::pprof;
 use super::report::{DomainInfo, Report};
@@ -34,7 +52,8 @@ pub fn tid_of(origin: Origin, vcpu: u32) -> u32 {
     pid_of(origin) * 100 + vcpu
 }
 
-/// A domain's program: its origin, a file name and the ELF bytes.
+/// A domain's program (or the hypervisor's symbol image): its origin, a file name and the ELF
+/// bytes.
 #[derive(Clone, Debug)]
 pub struct Image<'a> {
     /// Whose.
@@ -42,7 +61,21 @@ pub struct Image<'a> {
     /// Its file name (`work.elf`).
     pub file_name: String,
     /// The ELF.
-    pub elf: &'a [u8],
+    pub elf: Cow<'a, [u8]>,
+}
+
+/// Where an image was written, and the build id the written file carries.
+#[derive(Clone, Debug)]
+pub struct Written {
+    /// The absolute path.
+    pub path: PathBuf,
+    /// The file's GNU build id (None: not an ELF with section headers, written as it was).
+    pub build_id: Option<[u8; 20]>,
+}
+
+/// The build id as the tools print it: lower-case hex.
+pub fn hex_id(id: &[u8; 20]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An executable `PT_LOAD` segment: load address, size in memory, file offset.
@@ -110,8 +143,9 @@ pub fn exec_segments(elf: &[u8]) -> Vec<Segment> {
     out
 }
 
-/// Writes each image into `dir/images/dom<n>-<file>` and returns the absolute paths, by image.
-pub fn write_images(dir: &Path, images: &[Image<'_>]) -> std::io::Result<Vec<PathBuf>> {
+/// Writes each image, with a GNU build id (`elf_image::for_tools`), into
+/// `dir/images/<origin>-<file>` and returns where, by image.
+pub fn write_images(dir: &Path, images: &[Image<'_>]) -> std::io::Result<Vec<Written>> {
     let folder = dir.join("images");
     std::fs::create_dir_all(&folder)?;
     let folder = std::fs::canonicalize(&folder)?;
@@ -119,21 +153,74 @@ pub fn write_images(dir: &Path, images: &[Image<'_>]) -> std::io::Result<Vec<Pat
         .iter()
         .map(|image| {
             let path = folder.join(format!("{}-{}", image.origin.tag(), image.file_name));
-            std::fs::write(&path, image.elf)?;
-            Ok(path)
+            let (bytes, build_id) = match elf_image::for_tools(&image.elf) {
+                Some((bytes, id)) => (Cow::Owned(bytes), Some(id)),
+                None => (Cow::Borrowed(&image.elf[..]), None),
+            };
+            std::fs::write(&path, &bytes)?;
+            Ok(Written { path, build_id })
         })
         .collect()
 }
 
-/// The perf.data of `samples`: `paths[i]` is where `images[i]` was written.
-#[allow(clippy::too_many_arguments)]
+/// The address space perf finds `origin`'s code in (see the module's documentation).
+fn perf_mode(origin: Origin) -> CpuMode {
+    match origin {
+        Origin::Hypervisor => CpuMode::Kernel,
+        Origin::Domain(_) => CpuMode::User,
+    }
+}
+
+/// The host facts perf.data's header carries (read from `/proc`; empty where unreadable).
+fn host_environment(cpus: u32) -> perf_data::Environment {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let cpuinfo = read("/proc/cpuinfo");
+    let field = |name: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let total_mem_kb = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    perf_data::Environment {
+        hostname: read("/proc/sys/kernel/hostname"),
+        os_release: read("/proc/sys/kernel/osrelease"),
+        version: format!("vpmu {}", env!("CARGO_PKG_VERSION")),
+        arch: std::env::consts::ARCH.into(),
+        cpus,
+        cpu_desc: field("model name"),
+        cpuid: [
+            field("vendor_id"),
+            field("cpu family"),
+            field("model"),
+            field("stepping"),
+        ]
+        .join(","),
+        total_mem_kb,
+        cmdline: std::env::args().collect(),
+        build_ids: Vec::new(),
+    }
+}
+
+/// The perf.data of `samples`: `written[i]` is where `images[i]` was written; `cpus` the
+/// machine's pCPUs.
 pub fn perf_data(
     samples: &[ProfileSample],
     images: &[Image<'_>],
-    paths: &[PathBuf],
+    written: &[Written],
     period: u64,
     cpus: u32,
-    run_label: &str,
 ) -> std::io::Result<Vec<u8>> {
     let mut origins: Vec<Origin> = images.iter().map(|i| i.origin).collect();
     origins.extend(samples.iter().map(|s| s.origin));
@@ -156,14 +243,24 @@ pub fn perf_data(
         comm: o.tag(),
     }));
     let mut mmaps = Vec::new();
-    for (image, path) in images.iter().zip(paths) {
-        for seg in exec_segments(image.elf) {
+    let mut env = host_environment(cpus);
+    for (image, w) in images.iter().zip(written) {
+        let path = w.path.display().to_string();
+        for seg in exec_segments(&image.elf) {
             mmaps.push(perf_data::Mmap {
                 pid: pid_of(image.origin),
+                mode: perf_mode(image.origin),
                 start: seg.address,
                 len: seg.size,
                 pgoff: seg.offset,
-                path: path.display().to_string(),
+                path: path.clone(),
+            });
+        }
+        if let Some(id) = w.build_id {
+            env.build_ids.push(perf_data::BuildId {
+                mode: perf_mode(image.origin),
+                id,
+                path,
             });
         }
     }
@@ -175,12 +272,15 @@ pub fn perf_data(
             cpu: s.pcpu,
             time: s.details.time_ns().unwrap_or(0),
             ip: s.rip,
-            mode: match (s.origin, s.user) {
-                (Origin::Hypervisor, _) => CpuMode::Hypervisor,
-                (_, true) => CpuMode::User,
-                (_, false) => CpuMode::Kernel,
-            },
-            callers: s.details.chain.addresses().to_vec(),
+            mode: perf_mode(s.origin),
+            // Inside the call instruction, as `stacks::frames` looks them up.
+            callers: s
+                .details
+                .chain
+                .addresses()
+                .iter()
+                .map(|&ret| ret.saturating_sub(1))
+                .collect(),
             period,
         })
         .collect();
@@ -191,35 +291,48 @@ pub fn perf_data(
             config: perf_data::PERF_COUNT_HW_CPU_CYCLES,
             period,
         },
-        &perf_data::Environment {
-            hostname: "vpmu".into(),
-            os_release: run_label.into(),
-            arch: "x86_64".into(),
-            cpus,
-        },
+        &env,
         &comms,
         &mmaps,
         &records,
     )
 }
 
+/// The name pprof gives the function `name` of `origin`: `dom1:main`. pprof merges functions
+/// by name across binaries in every report but disassembly (its graph keeps an object file's
+/// name only there), so the domain is part of the name: `main` of the profiler and `main` of a
+/// workload stay two functions.
+pub fn pprof_function_name(origin: Origin, name: &str) -> String {
+    format!("{}:{name}", origin.tag())
+}
+
 /// The pprof profile of `samples`: values `samples/count` and `cycles/count` (the period each
 /// sample stands for), each stack's locations leaf first with the functions named from the
-/// domain's symbols, labels `domain`, `vcpu`, `pcpu` and `mode` (`user` or `kernel`).
+/// domain's symbols (`pprof_function_name`), labels `domain`, `vcpu`, `pcpu` and `mode`
+/// (`user` or `kernel`). The first mapping is the VMM that ran the machine (pprof's "File:"
+/// line names the first mapping: no domain's image is the whole profile's), then one mapping
+/// per image (`written[i]` is where `images[i]` went), each with its build id.
 pub fn pprof(
     samples: &[ProfileSample],
     domains: &[DomainInfo],
     images: &[Image<'_>],
-    paths: &[PathBuf],
+    written: &[Written],
     period: u64,
     duration_ns: u64,
 ) -> pprof::Profile {
     use std::collections::HashMap;
     let mut strings = pprof::Strings::default();
-    let mut mappings: Vec<pprof::Mapping> = Vec::new();
+    let vmm =
+        std::env::current_exe().map_or_else(|_| "vpmu".to_string(), |p| p.display().to_string());
+    let mut mappings = vec![pprof::Mapping {
+        id: 1,
+        filename: strings.intern(&vmm),
+        has_functions: true,
+        ..pprof::Mapping::default()
+    }];
     let mut mapping_of: HashMap<Origin, u64> = HashMap::new();
-    for (image, path) in images.iter().zip(paths) {
-        let segs = exec_segments(image.elf);
+    for (image, w) in images.iter().zip(written) {
+        let segs = exec_segments(&image.elf);
         let (Some(start), Some(limit)) = (
             segs.iter().map(|s| s.address).min(),
             segs.iter().map(|s| s.address + s.size).max(),
@@ -235,7 +348,8 @@ pub fn pprof(
                 .iter()
                 .find(|s| s.address == start)
                 .map_or(0, |s| s.offset),
-            filename: strings.intern(&path.display().to_string()),
+            filename: strings.intern(&w.path.display().to_string()),
+            build_id: w.build_id.map_or(0, |id| strings.intern(&hex_id(&id))),
             has_functions: true,
         });
         mapping_of.insert(image.origin, id);
@@ -248,6 +362,8 @@ pub fn pprof(
     let key_vcpu = strings.intern("vcpu");
     let key_pcpu = strings.intern("pcpu");
     let key_mode = strings.intern("mode");
+    // vCPU and pCPU 0 are numbers like any other: with a unit pprof keeps them.
+    let index = strings.intern("index");
     let sample_type = vec![
         pprof::ValueType {
             r#type: strings.intern("samples"),
@@ -273,11 +389,10 @@ pub fn pprof(
                 let fkey = (s.origin, (*name).to_string());
                 let function_id = *function_of.entry(fkey).or_insert_with(|| {
                     let id = functions.len() as u64 + 1;
-                    let n = strings.intern(name);
                     functions.push(pprof::Function {
                         id,
-                        name: n,
-                        system_name: n,
+                        name: strings.intern(&pprof_function_name(s.origin, name)),
+                        system_name: strings.intern(name),
                         filename: 0,
                     });
                     id
@@ -296,37 +411,37 @@ pub fn pprof(
             });
             ids.push(id);
         }
+        let text = |key, value: &str, strings: &mut pprof::Strings| pprof::Label {
+            key,
+            str: strings.intern(value),
+            ..pprof::Label::default()
+        };
+        let number = |key, num: u32| pprof::Label {
+            key,
+            num: i64::from(num),
+            num_unit: index,
+            ..pprof::Label::default()
+        };
         out_samples.push(pprof::Sample {
             location_id: ids,
             value: vec![1, period as i64],
             label: vec![
-                pprof::Label {
-                    key: key_domain,
-                    str: strings.intern(&s.origin.tag()),
-                    num: 0,
-                },
-                pprof::Label {
-                    key: key_vcpu,
-                    str: 0,
-                    num: i64::from(s.vcpu),
-                },
-                pprof::Label {
-                    key: key_pcpu,
-                    str: 0,
-                    num: i64::from(s.pcpu),
-                },
-                pprof::Label {
-                    key: key_mode,
-                    str: strings.intern(if s.user { "user" } else { "kernel" }),
-                    num: 0,
-                },
+                text(key_domain, &s.origin.tag(), &mut strings),
+                number(key_vcpu, s.vcpu),
+                number(key_pcpu, s.pcpu),
+                text(
+                    key_mode,
+                    if s.user { "user" } else { "kernel" },
+                    &mut strings,
+                ),
             ],
         });
     }
     // time_nanos is wall-clock time since the epoch; the samples' clock is the host TSC, so
     // it stays unset (perf.data and samples.jsonl carry each sample's TSC time).
     let comment = strings.intern(
-        "vpmu profile: label `domain` names the domain; sample times are in perf.data and samples.jsonl",
+        "vpmu profile: functions are named <domain>:<function>; label `domain` names the \
+         domain; sample times are in perf.data and samples.jsonl",
     );
     pprof::Profile {
         period_type: Some(pprof::ValueType {
@@ -375,6 +490,149 @@ mod tests {
         );
         assert!(exec_segments(b"not an elf").is_empty());
         assert!(exec_segments(&vpmu_guests::WORK[..0x40]).is_empty());
+    }
+
+    fn sample(origin: Origin, rip: u64, user: bool, chain: &[u64]) -> ProfileSample {
+        use crate::sample::{CallChain, ChainEnd, SampleDetails};
+        ProfileSample {
+            origin,
+            vcpu: 0,
+            pcpu: 0,
+            rip,
+            user,
+            regs: vpmu::abi::Regs::default(),
+            shipped_by: 0,
+            details: SampleDetails {
+                chain: CallChain::new(chain, ChainEnd::Complete).unwrap(),
+                ..SampleDetails::default()
+            },
+        }
+    }
+
+    fn info(origin: Origin, table: Vec<(u64, u64, String)>) -> DomainInfo {
+        DomainInfo {
+            origin,
+            name: origin.tag(),
+            symbols: vpmu_machine::symbols::Symbols::from_table(table),
+            dropped: 0,
+        }
+    }
+
+    /// Two domains with a `main` each, sampled on vCPU 0 and pCPU 0: pprof keeps the zeros
+    /// (a numeric label needs a unit for that), keeps the two `main`s apart, and names no
+    /// domain's image as the whole profile's.
+    #[test]
+    fn pprof_keeps_zero_labels_and_same_named_functions_apart() {
+        let table = |base: u64| vec![(base, 0x100, "main".to_string())];
+        let domains = [
+            info(Origin::Domain(0), table(0x1000)),
+            info(Origin::Domain(1), table(0x2000)),
+        ];
+        let samples = [
+            sample(Origin::Domain(0), 0x1010, false, &[]),
+            sample(Origin::Domain(1), 0x2010, true, &[]),
+        ];
+        let images = [Image {
+            origin: Origin::Domain(1),
+            file_name: "work.elf".into(),
+            elf: Cow::Borrowed(vpmu_guests::WORK),
+        }];
+        let written = [Written {
+            path: PathBuf::from("/x/images/dom1-work.elf"),
+            build_id: Some([0xab; 20]),
+        }];
+        let p = pprof(&samples, &domains, &images, &written, 1000, 1);
+        let string = |i: i64| p.string_table[i as usize].as_str();
+        for s in &p.sample {
+            for key in ["vcpu", "pcpu"] {
+                let label = s.label.iter().find(|l| string(l.key) == key).expect(key);
+                assert_eq!(label.num, 0);
+                assert_ne!(
+                    label.num_unit, 0,
+                    "a zero without a unit is dropped by pprof"
+                );
+            }
+        }
+        let names: Vec<&str> = p.function.iter().map(|f| string(f.name)).collect();
+        assert_eq!(names, ["dom0:main", "dom1:main"]);
+        assert!(p.function.iter().all(|f| string(f.system_name) == "main"));
+        assert!(!string(p.mapping[0].filename).contains("images/"));
+        assert_eq!(string(p.mapping[1].filename), "/x/images/dom1-work.elf");
+        assert_eq!(string(p.mapping[1].build_id), "ab".repeat(20));
+    }
+
+    /// perf finds a domain's samples, kernel or user, in the domain's process, the
+    /// hypervisor's in its kernel address space; return addresses are written inside the call.
+    #[test]
+    fn perf_modes_and_return_addresses() {
+        let hv_table = vec![(0xffff_ff00_0000_0000, 0x1000, "vmm_x".to_string())];
+        let images = [
+            Image {
+                origin: Origin::Domain(1),
+                file_name: "work.elf".into(),
+                elf: Cow::Borrowed(vpmu_guests::WORK),
+            },
+            Image {
+                origin: Origin::Hypervisor,
+                file_name: "vmm.elf".into(),
+                elf: Cow::Owned(elf_image::symbol_image(
+                    0xffff_ff00_0000_0000,
+                    0x1000,
+                    &hv_table,
+                )),
+            },
+        ];
+        let written: Vec<Written> = ["/x/dom1-work.elf", "/x/hypervisor-vmm.elf"]
+            .iter()
+            .map(|p| Written {
+                path: PathBuf::from(p),
+                build_id: Some([1; 20]),
+            })
+            .collect();
+        let samples = [
+            sample(Origin::Domain(1), 0x10_0100, false, &[0x10_0205]),
+            sample(Origin::Domain(1), 0x10_0300, true, &[]),
+            sample(Origin::Hypervisor, 0xffff_ff00_0000_0000, false, &[]),
+        ];
+        let f = perf_data(&samples, &images, &written, 1000, 2).expect("writes");
+        let u64_at = |at: usize| u64::from_le_bytes(f[at..at + 8].try_into().unwrap());
+        let (data, size) = (u64_at(40) as usize, u64_at(48) as usize);
+        let mut at = data;
+        let (mut maps, mut sampled) = (Vec::new(), Vec::new());
+        while at < data + size {
+            let kind = u32::from_le_bytes(f[at..at + 4].try_into().unwrap());
+            let misc = u16::from_le_bytes(f[at + 4..at + 6].try_into().unwrap());
+            let len = usize::from(u16::from_le_bytes(f[at + 6..at + 8].try_into().unwrap()));
+            match kind {
+                1 => maps.push((u64_at(at + 16), misc)),
+                9 => {
+                    let caller = if u64_at(at + 48) > 2 {
+                        u64_at(at + 72)
+                    } else {
+                        0
+                    };
+                    sampled.push((u64_at(at + 8), misc, u64_at(at + 56), caller));
+                }
+                _ => {}
+            }
+            at += len;
+        }
+        const USER: u16 = 2;
+        const KERNEL: u16 = 1;
+        assert_eq!(
+            maps,
+            [(0x10_0000, USER), (0xffff_ff00_0000_0000, KERNEL)],
+            "the image in its process, the hypervisor's in the kernel's space"
+        );
+        let context_user = (-512i64) as u64;
+        let context_kernel = (-128i64) as u64;
+        assert!(sampled.contains(&(0x10_0100, USER, context_user, 0x10_0204)));
+        assert!(sampled.contains(&(0x10_0300, USER, context_user, 0)));
+        assert!(
+            sampled
+                .iter()
+                .any(|s| s.0 == 0xffff_ff00_0000_0000 && (s.1, s.2) == (KERNEL, context_kernel))
+        );
     }
 
     #[test]

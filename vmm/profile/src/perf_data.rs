@@ -3,9 +3,10 @@
 //! `tools/perf/Documentation/perf.data-file-format.txt` describes it: a file header, one event
 //! attribute, a data section of records (`PERF_RECORD_COMM` and `PERF_RECORD_MMAP` naming the
 //! processes and their executables, `PERF_RECORD_SAMPLE` with IP, pid/tid, time, CPU, period and
-//! call chain), then the feature sections (`HEADER_HOSTNAME`, `HEADER_OSRELEASE`,
-//! `HEADER_ARCH`, `HEADER_NRCPUS`, `HEADER_EVENT_DESC`). Little-endian, like the x86 machines it
-//! describes. No crate writes perf.data (the ones there are read it), hence this one; the
+//! call chain), then the feature sections (`HEADER_BUILD_ID`, `HEADER_HOSTNAME`,
+//! `HEADER_OSRELEASE`, `HEADER_VERSION`, `HEADER_ARCH`, `HEADER_NRCPUS`, `HEADER_CPUDESC`,
+//! `HEADER_CPUID`, `HEADER_TOTAL_MEM`, `HEADER_CMDLINE`, `HEADER_EVENT_DESC`). Little-endian,
+//! like the x86 machines it describes. No crate writes perf.data (the ones there are read it), hence this one; the
 //! tests check its layout here and the CLI's tests open its output with the real `perf`.
 
 use std::io;
@@ -50,11 +51,23 @@ const PERF_CONTEXT_HV: u64 = (-32i64) as u64;
 const PERF_CONTEXT_KERNEL: u64 = (-128i64) as u64;
 const PERF_CONTEXT_USER: u64 = (-512i64) as u64;
 
+const HEADER_BUILD_ID: usize = 2;
 const HEADER_HOSTNAME: usize = 3;
 const HEADER_OSRELEASE: usize = 4;
+const HEADER_VERSION: usize = 5;
 const HEADER_ARCH: usize = 6;
 const HEADER_NRCPUS: usize = 7;
+const HEADER_CPUDESC: usize = 8;
+const HEADER_CPUID: usize = 9;
+const HEADER_TOTAL_MEM: usize = 10;
+const HEADER_CMDLINE: usize = 11;
 const HEADER_EVENT_DESC: usize = 12;
+
+/// `PERF_RECORD_MISC_BUILD_ID_SIZE`: a build-id record says how long its id is.
+const MISC_BUILD_ID_SIZE: u16 = 1 << 15;
+/// perf's pid of the host machine in build-id records (`HOST_KERNEL_ID`): every process here
+/// is a process of the one machine perf knows.
+const HOST_PID: i32 = -1;
 
 /// Where a sample was taken (`PERF_RECORD_MISC_*` cpumode, and the call chain's context).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,11 +123,14 @@ pub struct Comm {
 }
 
 /// An executable mapping of a process (`PERF_RECORD_MMAP`): `[start, start + len)` maps the
-/// file `path` from byte `pgoff`.
+/// file `path` from byte `pgoff`. perf files a `Kernel` map in its one machine-wide kernel
+/// address space (as a kernel module), a `User` one in the process `pid`.
 #[derive(Clone, Debug)]
 pub struct Mmap {
     /// Process.
     pub pid: u32,
+    /// Which address space perf files it in (`User` or `Kernel`).
+    pub mode: CpuMode,
     /// Start address.
     pub start: u64,
     /// Length, bytes.
@@ -146,17 +162,41 @@ pub struct Sample {
     pub period: u64,
 }
 
-/// What goes into the file besides the records.
+/// The build id of a file the maps name (`HEADER_BUILD_ID`).
 #[derive(Clone, Debug)]
+pub struct BuildId {
+    /// The address space its maps are in (`User` or `Kernel`).
+    pub mode: CpuMode,
+    /// The id (20 bytes: GNU ld's SHA-1 size).
+    pub id: [u8; 20],
+    /// The file, as the maps name it.
+    pub path: String,
+}
+
+/// What goes into the file besides the records.
+#[derive(Clone, Debug, Default)]
 pub struct Environment {
     /// `HEADER_HOSTNAME`.
     pub hostname: String,
     /// `HEADER_OSRELEASE`.
     pub os_release: String,
+    /// `HEADER_VERSION`: the program that wrote the file (`perf report` shows it as "perf
+    /// version").
+    pub version: String,
     /// `HEADER_ARCH`.
     pub arch: String,
     /// `HEADER_NRCPUS`: CPUs available and online.
     pub cpus: u32,
+    /// `HEADER_CPUDESC`: the CPU's model name.
+    pub cpu_desc: String,
+    /// `HEADER_CPUID`: `vendor,family,model,stepping`, as perf writes it on x86.
+    pub cpuid: String,
+    /// `HEADER_TOTAL_MEM`: kB.
+    pub total_mem_kb: u64,
+    /// `HEADER_CMDLINE`: the command that made the file, word by word.
+    pub cmdline: Vec<String>,
+    /// `HEADER_BUILD_ID`: the ids of the files the maps name.
+    pub build_ids: Vec<BuildId>,
 }
 
 fn u16le(out: &mut Vec<u8>, v: u16) {
@@ -257,7 +297,7 @@ pub fn write(
         u64le(&mut body, m.pgoff);
         padded_string(&mut body, &m.path);
         sample_id(&mut body, m.pid, m.pid, first_time);
-        record(&mut data, PERF_RECORD_MMAP, CpuMode::User.misc(), &body)?;
+        record(&mut data, PERF_RECORD_MMAP, m.mode.misc(), &body)?;
     }
     let mut order: Vec<&Sample> = samples.iter().collect();
     order.sort_by_key(|s| s.time);
@@ -283,11 +323,33 @@ pub fn write(
     // Features, in bit order.
     let mut features: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut f = Vec::new();
+    for b in &env.build_ids {
+        // `struct perf_record_header_build_id`: header (type 0, the map's cpumode and
+        // BUILD_ID_SIZE, size), pid, 20 id bytes padded to 24 with the size in byte 20, then
+        // the file name padded to 64 bytes.
+        let name = b.path.as_bytes();
+        let name_len = (name.len() + 1).next_multiple_of(64);
+        let size = u16::try_from(36 + name_len)
+            .map_err(|_| io::Error::other(format!("a build-id path of {} bytes", name.len())))?;
+        u32le(&mut f, 0);
+        u16le(&mut f, b.mode.misc() | MISC_BUILD_ID_SIZE);
+        u16le(&mut f, size);
+        f.extend_from_slice(&HOST_PID.to_le_bytes());
+        f.extend_from_slice(&b.id);
+        f.extend_from_slice(&[20, 0, 0, 0]);
+        f.extend_from_slice(name);
+        f.resize(f.len() + name_len - name.len(), 0);
+    }
+    features.push((HEADER_BUILD_ID, f));
+    let mut f = Vec::new();
     header_string(&mut f, &env.hostname);
     features.push((HEADER_HOSTNAME, f));
     let mut f = Vec::new();
     header_string(&mut f, &env.os_release);
     features.push((HEADER_OSRELEASE, f));
+    let mut f = Vec::new();
+    header_string(&mut f, &env.version);
+    features.push((HEADER_VERSION, f));
     let mut f = Vec::new();
     header_string(&mut f, &env.arch);
     features.push((HEADER_ARCH, f));
@@ -295,6 +357,21 @@ pub fn write(
     u32le(&mut f, env.cpus);
     u32le(&mut f, env.cpus);
     features.push((HEADER_NRCPUS, f));
+    let mut f = Vec::new();
+    header_string(&mut f, &env.cpu_desc);
+    features.push((HEADER_CPUDESC, f));
+    let mut f = Vec::new();
+    header_string(&mut f, &env.cpuid);
+    features.push((HEADER_CPUID, f));
+    let mut f = Vec::new();
+    u64le(&mut f, env.total_mem_kb);
+    features.push((HEADER_TOTAL_MEM, f));
+    let mut f = Vec::new();
+    u32le(&mut f, env.cmdline.len() as u32);
+    for word in &env.cmdline {
+        header_string(&mut f, word);
+    }
+    features.push((HEADER_CMDLINE, f));
     let mut f = Vec::new();
     u32le(&mut f, 1); // events
     u32le(&mut f, ATTR_SIZE as u32);
@@ -364,8 +441,18 @@ mod tests {
             &Environment {
                 hostname: "host".into(),
                 os_release: "rel".into(),
+                version: "vpmu 0.1".into(),
                 arch: "x86_64".into(),
                 cpus: 2,
+                cpu_desc: "a CPU".into(),
+                cpuid: "GenuineIntel,6,85,7".into(),
+                total_mem_kb: 1 << 20,
+                cmdline: vec!["vpmu".into(), "profile".into()],
+                build_ids: vec![BuildId {
+                    mode: CpuMode::User,
+                    id: [7; 20],
+                    path: "/x/work.elf".into(),
+                }],
             },
             &[Comm {
                 pid: 2,
@@ -374,6 +461,7 @@ mod tests {
             }],
             &[Mmap {
                 pid: 2,
+                mode: CpuMode::User,
                 start: 0x10_0000,
                 len: 0x3000,
                 pgoff: 0x1000,
@@ -412,11 +500,9 @@ mod tests {
         assert_eq!(u64_at(&f, 8), 104);
         assert_eq!(u64_at(&f, 16), ATTR_SIZE as u64 + 16);
         assert_eq!((u64_at(&f, 24), u64_at(&f, 32)), (104, 144));
-        // Feature bits: hostname, osrelease, arch, nrcpus, event_desc.
-        assert_eq!(
-            u64_at(&f, 72),
-            (1 << 3) | (1 << 4) | (1 << 6) | (1 << 7) | (1 << 12)
-        );
+        // Feature bits: build_id, hostname, osrelease, version, arch, nrcpus, cpudesc,
+        // cpuid, total_mem, cmdline, event_desc.
+        assert_eq!(u64_at(&f, 72), 0b1_1111_1111_1100);
         let a = 104;
         assert_eq!((u32_at(&f, a), u32_at(&f, a + 4)), (0, 128));
         assert_eq!(u64_at(&f, a + 8), 0); // cycles
@@ -466,9 +552,21 @@ mod tests {
             ]
         );
         assert_eq!(sample_times, [10, 20], "samples in time order");
-        // Five feature sections follow the data; the last is the event's description.
+        // Eleven feature sections follow the data; the first holds the build ids, the last is
+        // the event's description.
         let index = data + size;
-        let (desc, desc_len) = (u64_at(&f, index + 64) as usize, u64_at(&f, index + 72));
+        let build_ids = u64_at(&f, index) as usize;
+        assert_eq!(u64_at(&f, index + 8), 36 + 64);
+        assert_eq!(u16_at(&f, build_ids + 4), 2 | (1 << 15));
+        assert_eq!(u16_at(&f, build_ids + 6), 100);
+        assert_eq!(
+            u32_at(&f, build_ids + 8),
+            u32::MAX,
+            "the host machine's pid, -1"
+        );
+        assert_eq!((f[build_ids + 12], f[build_ids + 32]), (7, 20));
+        assert_eq!(&f[build_ids + 36..build_ids + 48], b"/x/work.elf\0");
+        let (desc, desc_len) = (u64_at(&f, index + 160) as usize, u64_at(&f, index + 168));
         assert_eq!(desc as u64 + desc_len, f.len() as u64);
         assert_eq!((u32_at(&f, desc), u32_at(&f, desc + 4)), (1, 128));
         let name = desc + 8 + 128 + 4;

@@ -1,5 +1,5 @@
 //! pprof's `profile.proto` (github.com/google/pprof, `proto/profile.proto`) as `prost`
-//! messages, declared here with `prost`'s derive: the twelve fields pprof reads of eight
+//! messages, declared here with `prost`'s derive: the fields pprof reads of eight
 //! messages need no code generator (no `protoc` at build time), and the crates that ship these
 //! messages bring a whole in-process profiler with them. `go tool pprof` reads the gzipped
 //! encoding `encode_gz` writes (the CLI's tests run it).
@@ -83,6 +83,11 @@ pub struct Label {
     /// Numeric value.
     #[prost(int64, tag = "3")]
     pub num: i64,
+    /// The numeric value's unit (string index). pprof drops a numeric label whose value and
+    /// unit are both 0 (proto3 does not encode zeros, and its reader cannot tell "0" from
+    /// "absent"), so a numeric label whose value may be 0 needs a unit.
+    #[prost(int64, tag = "4")]
+    pub num_unit: i64,
 }
 
 /// `Mapping`: a binary mapped at `[memory_start, memory_limit)`.
@@ -103,6 +108,9 @@ pub struct Mapping {
     /// The binary (string index).
     #[prost(int64, tag = "5")]
     pub filename: i64,
+    /// Its build id, hex (string index).
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
     /// The locations already name their functions.
     #[prost(bool, tag = "7")]
     pub has_functions: bool,

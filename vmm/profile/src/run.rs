@@ -2,7 +2,8 @@
 //! timed event source), configured through their `profile_config`, run for the duration, and
 //! what they shipped decoded.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -21,7 +22,7 @@ use vpmu::VcpuId;
 use vpmu_machine::symbols::Symbols;
 
 use vpmu_machine::personality::Personality;
-use vpmu_machine::{Layout, Machine, PRIVILEGED_DOMAIN, RunResult};
+use vpmu_machine::{GuestPorts, Layout, Machine, PRIVILEGED_DOMAIN, PortAccess, RunResult};
 
 /// The symbol of the workloads' progress counters (`work_stats` in `profile/work.c`).
 const WORK_STATS_SYMBOL: &str = "work_stats";
@@ -90,6 +91,9 @@ pub struct Plan {
     pub pcpus: u32,
     /// Draw a progress bar (on a terminal).
     pub progress: bool,
+    /// Set (by a SIGINT handler) to end the run early and keep what was collected
+    /// (`StopPort`).
+    pub interrupt: Option<Arc<AtomicBool>>,
 }
 
 /// Progress counters of one workload vCPU (`work_stats[vCPU]`).
@@ -165,17 +169,18 @@ pub fn period_for(frequency: u64, tsc_khz: u64) -> (u64, u64) {
     (period, jitter)
 }
 
-/// Writes `config` at `image`'s `profile_config` in `domain`'s memory; Ok(false) if the image
-/// has no such symbol (a user's guest that does not take part in the protocol).
+/// Writes `config` at `image`'s `profile_config` in `domain`'s memory and returns its address;
+/// Ok(None) if the image has no such symbol (a user's guest that does not take part in the
+/// protocol).
 fn configure<P: Personality>(
     machine: &Machine<P>,
     domain: u32,
     image: &[u8],
     config: &ProfileConfig,
-) -> Result<bool, ProfileError> {
+) -> Result<Option<u64>, ProfileError> {
     let symbols = |source| ProfileError::Symbols { domain, source };
     let Some((gpa, size)) = Symbols::address_of(image, CONFIG_SYMBOL).map_err(symbols)? else {
-        return Ok(false);
+        return Ok(None);
     };
     if size != 0 && size as usize != size_of::<ProfileConfig>() {
         return Err(ProfileError::ConfigSize {
@@ -193,7 +198,65 @@ fn configure<P: Personality>(
             symbol: CONFIG_SYMBOL,
             gpa,
         })?;
-    Ok(true)
+    Ok(Some(gpa))
+}
+
+/// The batch port, and the way a run is interrupted as `perf record` is: once `interrupt` is
+/// set, the next batch a domain ships sets that domain's `profile_config.duration` to 0 (each
+/// sampler reads it at every turn of its loop), so its samplers stop, ship what they hold and
+/// exit as at the end of the duration. Every domain whose exit ends the run samples and
+/// ships within ~40 ms of holding a sample (`sampler_ship_due`), so the run ends within a
+/// few tenths of a second with everything the samplers collected.
+#[derive(Debug)]
+pub struct StopPort {
+    /// The protocol's port.
+    pub batches: Arc<BatchPort>,
+    /// The stop request.
+    pub interrupt: Option<Arc<AtomicBool>>,
+    /// Each domain's `profile_config` address (None: no such symbol).
+    pub configs: Vec<Option<u64>>,
+    /// The domains already told to stop, a bit each.
+    stopped: AtomicU64,
+}
+
+impl StopPort {
+    /// A port over `batches` that stops the domains configured at `configs` once `interrupt`
+    /// is set.
+    pub fn new(
+        batches: Arc<BatchPort>,
+        interrupt: Option<Arc<AtomicBool>>,
+        configs: Vec<Option<u64>>,
+    ) -> Self {
+        StopPort {
+            batches,
+            interrupt,
+            configs,
+            stopped: AtomicU64::new(0),
+        }
+    }
+}
+
+impl GuestPorts for StopPort {
+    fn out(&self, access: PortAccess<'_>, port: u16, value: u32) -> Result<(), String> {
+        self.batches.out(access, port, value)?;
+        let domain = access.vcpu.domain;
+        let asked = self
+            .interrupt
+            .as_ref()
+            .is_some_and(|i| i.load(Ordering::Relaxed));
+        let bit = 1u64.checked_shl(domain).unwrap_or(0);
+        if !asked || self.stopped.fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+            return Ok(());
+        }
+        if let Some(Some(gpa)) = self.configs.get(domain as usize) {
+            let at = gpa + std::mem::offset_of!(ProfileConfig, duration) as u64;
+            access
+                .memory
+                .write_u64(at, 0)
+                .map_err(|e| format!("stopping domain {domain}: {e}"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs `plan` under personality `p` and decodes what the guests shipped.
@@ -233,22 +296,30 @@ pub fn run<P: Personality + Copy + Sync>(
         jitter,
         duration,
     };
-    if !configure(
+    let Some(profiler_config) = configure(
         &machine,
         PRIVILEGED_DOMAIN,
         profiler,
         &config(ROLE_PROFILER, 0),
-    )? {
+    )?
+    else {
         return Err(ProfileError::NoProfilerConfig);
+    };
+    let mut configs = vec![Some(profiler_config)];
+    // The run ends with the samplers: the profiler (except in self mode, where it only
+    // idles: it is stopped with the passive domains, so that an interrupted run does not
+    // wait for its duration) and, when they sample themselves, the workloads that take part
+    // in the protocol; the rest are stopped then.
+    let mut finish_with = Vec::new();
+    if plan.mode != Mode::SelfOnly || plan.frequency == 0 {
+        finish_with.push(PRIVILEGED_DOMAIN);
     }
-    // The run ends with the profiler and, when they sample themselves, the workloads that
-    // take part in the protocol; the rest are stopped then.
-    let mut finish_with = vec![PRIVILEGED_DOMAIN];
     for (i, w) in plan.workloads.iter().enumerate() {
         let domain = i as u32 + 1;
         let number = w.workload.map_or(0, |w| w.number);
-        let takes_part = configure(&machine, domain, &w.image, &config(ROLE_WORKLOAD, number))?;
-        if takes_part && plan.mode.workloads_sample() && plan.frequency != 0 {
+        let gpa = configure(&machine, domain, &w.image, &config(ROLE_WORKLOAD, number))?;
+        configs.push(gpa);
+        if gpa.is_some() && plan.mode.workloads_sample() && plan.frequency != 0 {
             finish_with.push(domain);
         }
         let work_stats = Symbols::address_of(&w.image, WORK_STATS_SYMBOL)
@@ -263,9 +334,16 @@ pub fn run<P: Personality + Copy + Sync>(
                 })?;
         }
     }
+    if finish_with.is_empty() {
+        finish_with.push(PRIVILEGED_DOMAIN);
+    }
     machine.finish_with(finish_with);
-    let port = std::sync::Arc::new(BatchPort::default());
-    machine.extend(port.clone());
+    let port = Arc::new(BatchPort::default());
+    machine.extend(Arc::new(StopPort::new(
+        port.clone(),
+        plan.interrupt.clone(),
+        configs,
+    )));
     let timeout = plan.duration + Duration::from_secs(60);
     let start = Instant::now();
     let done = AtomicBool::new(false);

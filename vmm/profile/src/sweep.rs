@@ -91,6 +91,7 @@ pub fn sweep<P: Personality + Copy + Sync>(
         pcpus: options.pcpus,
         workloads: workloads.to_vec(),
         progress: options.progress,
+        interrupt: None,
     };
     let configs: Vec<(Mode, u64)> = [Mode::All, Mode::SelfOnly]
         .into_iter()

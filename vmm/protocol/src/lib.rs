@@ -53,9 +53,10 @@ pub mod port {
         CONSOLE: u16 = 0xE9;
         /// Exit status: `outl` ends the run with that status.
         EXIT: u16 = 0x10;
-        /// Control-operation hypercall: `inl` with RDI = op (EDI in compatibility mode; an
-        /// op above 32 bits is answered `-EOPNOTSUPP`), RSI = parameter block GPA; EAX =
-        /// result.
+        /// The xenpmu ABI's reference transport (docs/abi.md "Transport"): a 32-bit `inl` at
+        /// CPL0 with RAX = 40 (`XENPMU_HYPERCALL_NR`), RDI = op, RSI = the parameter block's
+        /// GPA (EAX, EDI, ESI outside 64-bit mode); EAX = the result. Guests find it through
+        /// CPUID (the transport leaf's EBX), never by this number.
         HYPERCALL: u16 = 0x11;
         /// VMM control (benchmark): `outl` 1 = answer PMU MSRs with the null handler, 0 = the
         /// vpmu.
@@ -82,6 +83,18 @@ pub mod port {
         /// inner pCPU's bus the next MSR access is made through, and which inner operation
         /// runs on which inner pCPU for which inner vCPU.
         TRACE: u16 = 0x19;
+    }
+}
+
+/// The PMU VIRQ: the vector of the interrupt that signals a sample published in a registered
+/// page (docs/abi.md "Transport"). Guests take it from CPUID (the transport leaf's ECX); the
+/// constant is what the VMM reports there, and what the conformance case checks it against.
+pub mod virq {
+    constants! {
+        /// The VIRQ's constants, for the C header.
+        ALL, "":
+        /// The PMU VIRQ's vector (fixed delivery, edge-triggered, to the page's vCPU).
+        VIRQ_VECTOR: u8 = 0x41;
     }
 }
 
@@ -260,6 +273,7 @@ pub mod ring0 {
 /// Every constant table, in header order.
 pub const TABLES: &[&[Constant]] = &[
     port::ALL,
+    virq::ALL,
     profile::ALL,
     selftest::CASES,
     selftest::RECORD,
@@ -336,7 +350,7 @@ mod tests {
             assert!(h.contains(&line), "missing {line}in\n{h}");
             n += 1;
         }
-        assert_eq!(n, 55);
+        assert_eq!(n, 56);
         // Spot checks of names and values the guests use.
         for line in [
             "#define PORT_CONSOLE 0xe9",
@@ -346,6 +360,7 @@ mod tests {
             "#define RESULT_MESSAGE_SIZE 0x70",
             "#define PORT_TRACE 0x19",
             "#define RING0_CASE 0x1f4",
+            "#define VIRQ_VECTOR 0x41",
         ] {
             assert!(h.contains(line), "{line}");
         }

@@ -184,7 +184,7 @@ where
     pub(crate) fn run_sent_here(&self, target: u32) {
         while let Some(r) = without_interrupts(|| QUEUES[target as usize].lock().pop()) {
             let vcpu = match r {
-                CrossCpuRequest::Unload { vcpu } => index_word(Some(vcpu)),
+                CrossCpuRequest::Teardown { vcpu } => index_word(Some(vcpu)),
                 _ => NONE,
             };
             // The sabotage: `target`'s per-pCPU state, driven from this CPU.
@@ -214,7 +214,7 @@ where
         trace_word(proto::TRACE_IPI_TAKEN, 0, cpu, 0);
         while let Some(r) = QUEUES[cpu as usize].lock().pop() {
             let vcpu = match r {
-                CrossCpuRequest::Unload { vcpu } => index_word(Some(vcpu)),
+                CrossCpuRequest::Teardown { vcpu } => index_word(Some(vcpu)),
                 _ => NONE,
             };
             let done = self.on_cpu(cpu, proto::OP_REQUEST, vcpu, |p, plat| {
@@ -258,7 +258,9 @@ pub(crate) fn make<B: PmuBackend>(backend: B) -> World<B> {
     let vpmu = Vpmu::new(backend, vpmu::Mode::SelfProfiling, PCPUS as u32);
     let table = Table {
         vcpus: core::array::from_fn(|i| {
-            spin::Mutex::new(vpmu.new_vcpu(vcpu_of_index(i as u32).unwrap_or(PRIVILEGED)))
+            let id = vcpu_of_index(i as u32).unwrap_or(PRIVILEGED);
+            // Domains 0 and 1: far below the reserved ids `new_vcpu` refuses.
+            spin::Mutex::new(vpmu.new_vcpu(id).expect("an ordinary domain id"))
         }),
     };
     World {
