@@ -81,7 +81,10 @@ where
     // Each vCPU on cache lines of its own, as a hypervisor's per-vCPU structures are: a
     // neighbour's lock word next to this vCPU's statistics would be measured as the core's.
     let vcpus: Vec<Padded<Mutex<_>>> = (0..threads)
-        .map(|v| Padded(Mutex::new(vpmu.new_vcpu(VcpuId { domain: 1, vcpu: v }))))
+        .map(|v| {
+            let vcpu = vpmu.new_vcpu(VcpuId { domain: 1, vcpu: v });
+            Padded(Mutex::new(vcpu.expect("an ordinary domain")))
+        })
         .collect();
     let global = Mutex::new(());
     let start = Barrier::new(threads as usize);

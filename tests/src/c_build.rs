@@ -15,6 +15,11 @@ pub fn workspace_root() -> PathBuf {
 /// compiler's output (and what to install) if it fails: these tests need gcc and, for -m32,
 /// gcc-multilib, which `.ci/run` installs.
 pub fn compile(source: &Path, width: u32, out: &Path) -> PathBuf {
+    compile_with(source, width, out, &[])
+}
+
+/// [`compile`] with extra gcc arguments after the source (libraries, `-pthread`).
+pub fn compile_with(source: &Path, width: u32, out: &Path, extra: &[&str]) -> PathBuf {
     let include = workspace_root().join("abi/include");
     let output = Command::new("gcc")
         .args([
@@ -29,6 +34,7 @@ pub fn compile(source: &Path, width: u32, out: &Path) -> PathBuf {
         .arg("-I")
         .arg(&include)
         .arg(source)
+        .args(extra)
         .arg("-o")
         .arg(out)
         .output()

@@ -24,3 +24,30 @@ pub fn proptest_cases(default: u32) -> u32 {
         Err(_) => default,
     }
 }
+
+/// Runs `$check(vendor)` on each of the simulator's four test shapes (Intel v5, Intel v2, AMD
+/// PerfMonV2, AMD K7), the set every cross-shape integration test covers.
+#[macro_export]
+macro_rules! for_each_vendor {
+    ($check:ident) => {
+        $check(vpmu_sim::intel_v5());
+        $check(vpmu_sim::intel_v2());
+        $check(vpmu_sim::amd_v2());
+        $check(vpmu_sim::amd_legacy());
+    };
+}
+
+/// `pcpu`'s hardware counter `ctr` as the model holds it now, read on the model directly (not
+/// through an intercept, which would make the pCPU take its requests first).
+pub fn hw_counter<V: vpmu_sim::SimVendor>(
+    m: &mut vpmu_sim::Machine<V>,
+    pcpu: u32,
+    ctr: u32,
+) -> u64 {
+    use vpmu::MsrBus;
+    let msr = m.vendor.driver().read_counter(ctr);
+    m.pcpus[pcpu as usize]
+        .hw_mut()
+        .read(vpmu::Msr(msr))
+        .expect("a counter of the model")
+}

@@ -65,7 +65,7 @@ pub struct Config {
 }
 
 /// What every run must reach, or it would prove nothing. How soon a run reaches each depends
-/// on how the OS interleaves its threads (an `Unload` completes only when a sibling's thread
+/// on how the OS interleaves its threads (a `Teardown` completes only when a sibling's thread
 /// asks for it while this one holds the vCPU), so a thread that has taken its `steps` goes on
 /// while any is still at 0, up to [`EXTRA_STEPS_FACTOR`] times as many: the run does not need
 /// a quiet machine to be meaningful.
@@ -73,7 +73,7 @@ pub const MUST_REACH: [&str; 5] = [
     "counter reads checked exactly",
     "PMIs delivered",
     "request CatchUp completed",
-    "request Unload completed",
+    "request Teardown completed",
     "filter changes completed",
 ];
 
@@ -113,7 +113,7 @@ where
     let vcpus = shared
         .vcpu_ids()
         .into_iter()
-        .map(|id| vpmu.new_vcpu(id))
+        .map(|id| vpmu.new_vcpu(id).expect("an ordinary domain"))
         .collect();
     let table = SharedTable::new(vcpus, vendor.driver());
     thread::scope(|scope| {

@@ -91,9 +91,6 @@ pub struct Book {
     pub reported_lost: u64,
     /// Recent events, for the findings.
     pub history: std::collections::VecDeque<String>,
-    /// A finish of this vCPU (by a sibling) unloaded its context where it runs, and the
-    /// teardown has not happened yet: its counters are stopped meanwhile.
-    pub unloaded_by_request: bool,
 }
 
 impl Book {
@@ -171,7 +168,6 @@ impl<C> Slot<C> {
             if let Some(ledger) = self.book.ledger.as_mut() {
                 *ledger = Ledger::new(&self.driver);
             }
-            self.book.unloaded_by_request = false;
         }
         if before.pending && !after.pending && after.generated == before.generated {
             self.book.discarded += 1;
@@ -230,7 +226,6 @@ impl<C> SharedTable<C> {
                         discarded: 0,
                         system_discarded: 0,
                         reported_lost: 0,
-                        unloaded_by_request: false,
                         history: std::collections::VecDeque::new(),
                     },
                     pmu,

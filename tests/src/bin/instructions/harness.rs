@@ -2,12 +2,15 @@
 //! on only inside `vpmu_bench_measured`; every call the core makes out of itself while an
 //! operation is measured goes through `vpmu_bench_excluded` (entering and leaving a toggle
 //! function switches collection off and on again), and every callback into the core from
-//! there through `vpmu_bench_included` (on and off again). Excluded: the MSR bus and the software PMU model
-//! behind it (`ExcludedBus`), and, unless `count_platform` was called, the integrator's
-//! platform (`ExcludedPlatform`) and vCPU table (`ExcludedTable`): the simulator's page map,
-//! queues and `RefCell` table, which a hypervisor replaces by its own. What each crossing
-//! costs the harness itself (a check, a counter, a call) is measured by the calibration runs
-//! and subtracted per crossing.
+//! there through `vpmu_bench_included` (on and off again). Excluded: the MSR bus and the
+//! software PMU model behind it (`ExcludedBus`), and, unless `count_platform` was called, the
+//! integrator's platform (`ExcludedPlatform`) and vCPU table (`ExcludedTable`): the
+//! simulator's page map, queues and `RefCell` table, which a hypervisor replaces by its own;
+//! and the scenario's own steps between two measured calls (`unmeasured`: the model counting
+//! for the other vCPU, a request taken off the platform's queue). What each crossing costs
+//! the harness itself (a check, a counter, a call) is still collected: it is not subtracted
+//! per crossing, but attributed to the harness by its source lines (`table::harness_share`),
+//! and the calibration runs check that a measurement of nothing but crossings comes out at 0.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -30,7 +33,7 @@ pub static TRACING: AtomicBool = AtomicBool::new(false);
 static PLATFORM_EXCLUDED: AtomicBool = AtomicBool::new(true);
 
 /// Platform and vCPU-table calls made while measuring, and the callbacks into the core they
-/// made: the crossings whose harness cost is subtracted.
+/// made: the crossings, reported in the table's "platform calls" column.
 pub static PLATFORM_CALLS: AtomicU64 = AtomicU64::new(0);
 pub static CALLBACKS: AtomicU64 = AtomicU64::new(0);
 
@@ -120,6 +123,18 @@ fn vpmu_bench_included<R>(callback: impl FnOnce() -> R) -> R {
     toggled(callback)
 }
 
+/// A step of the scenario between two measured calls of one operation (the guest running,
+/// a request travelling between pCPUs): not collected while measuring, not counted as a
+/// crossing. It must make no MSR access (the scenarios count the accesses of the whole
+/// window).
+pub fn unmeasured<R>(step: impl FnOnce() -> R) -> R {
+    if MEASURING.load(Ordering::Relaxed) {
+        vpmu_bench_excluded(step)
+    } else {
+        step()
+    }
+}
+
 /// A platform or table call: excluded while measuring (and counted as a crossing).
 fn platform_call<R>(call: impl FnOnce() -> R) -> R {
     if MEASURING.load(Ordering::Relaxed) && PLATFORM_EXCLUDED.load(Ordering::Relaxed) {
@@ -147,11 +162,13 @@ fn trace(what: &str, msr: Msr, value: &Result<u64, MsrFault>) {
 }
 
 /// The PMU model of a pCPU behind a bus whose accesses callgrind does not collect while an
-/// operation is measured: each access then goes through `vpmu_bench_excluded`, entering and
-/// leaving which toggles collection (`--toggle-collect=*vpmu_bench_excluded*`), so the model's
+/// operation is measured: each access then goes through `vpmu_bench_excluded`, whose toggle
+/// function switches collection off on entry and on again on exit
+/// (`--toggle-collect=*vpmu_bench_off_*`), so the model's
 /// own instructions are left out of the core's count. Outside the measured operation the
 /// accesses go straight to the model (a toggle there would switch collection on). What remains
-/// counted per access is this wrapper's check and call, a handful of instructions.
+/// collected per access is this wrapper's check and call, a handful of instructions, which
+/// the table attributes to the harness by their source lines.
 #[derive(Clone, Debug)]
 pub struct ExcludedBus<M>(M);
 

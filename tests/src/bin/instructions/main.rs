@@ -4,7 +4,8 @@
 //!
 //! * `instructions table` runs every scenario of both vendors in its own process under
 //!   `valgrind --tool=callgrind` and prints a Markdown table, with two references per row: the
-//!   must-change minimum of MSR accesses and what Xen's VPMU does for the same scenario. The
+//!   must-change minimum of MSR accesses and what Xen's VPMU does for the same scenario
+//!   (`reference.rs` works both out, row by row), and the budget each row must meet. The
 //!   instructions are the core's alone: the MSR bus, the software PMU model, the platform and
 //!   the vCPU table (the integrator's parts) are excluded, and the calls into the platform
 //!   and the table are counted in their own column.
@@ -13,33 +14,41 @@
 //!   `vpmu_bench_measured`, the only function callgrind collects in (`--collect-atstart=no
 //!   --toggle-collect`); `harness.rs` says how the excluded parts are toggled out.
 //!   `--with-platform` counts the simulator's platform and vCPU table with the core (for
-//!   profiling the whole path by hand; the harness's per-call cost is then not calibrated).
+//!   profiling the whole path by hand).
 //! * `instructions trace VENDOR SCENARIO` prints the MSR accesses of the measured operation.
-//! * `instructions list` lists the scenarios.
+//! * `instructions list [VENDOR]` lists the scenarios (those that exist on `VENDOR`).
+//!
+//! Every scenario checks, on both passes, that it exercised what its name says (the other
+//! vCPU's counters really counted, the number of overflowed counters is the row's, the catch-up
+//! really caught up, the request really crossed pCPUs, ...), and fails the run otherwise.
 //!
 //! Instruction counts are deterministic for one binary: no timing is involved. The harness's
-//! own instructions (the measuring call, the wrappers around each excluded call) are left
-//! out by their source lines (`harness_share`), and calibration runs that measure nothing but
-//! the harness check that they come out at 0. `scripts/instructions.sh` installs valgrind and
-//! runs the table.
+//! own instructions (the measuring call, the wrappers around each excluded call) are not
+//! subtracted per access or per call: `table.rs` attributes every instruction callgrind
+//! collected by its source line, and removes those of this binary's own files (and of the
+//! standard library inlined into its functions). Calibration runs that measure nothing but
+//! the harness (an empty measurement, one excluded MSR access, one excluded platform call,
+//! one excluded vCPU visit, one unmeasured step) must then come out at 0 core instructions, or the table is not
+//! printed: that checks the attribution. `scripts/instructions.sh` installs valgrind and runs
+//! the table.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 mod harness;
+mod intercepts;
+mod pmis;
+mod reference;
+mod request;
+mod switches;
 mod table;
 
-use harness::{
-    CALLBACKS, Excluded, ExcludedPlatform, ExcludedTable, PLATFORM_CALLS, TRACING, count_platform,
-    vpmu_bench_measured,
-};
-use vpmu::abi::ops::Params;
-use vpmu::abi::{XENPMU_MODE_ALL, XENPMU_MODE_SELF, XENPMU_OP_FLUSH, XENPMU_OP_MODE_SET};
-use vpmu::{Interrupted, Msr, MsrBus, Platform, PmiOutcome, VcpuId, VcpuTable};
-use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
-use vpmu_sim::helpers::{counting, sampling};
-use vpmu_sim::{Driver, Machine, SimVendor, amd_v2, intel_v5};
+use harness::{CALLBACKS, Excluded, PLATFORM_CALLS, TRACING, count_platform, vpmu_bench_measured};
+use reference::minimum;
+use vpmu::{MsrOutcome, VcpuId};
+use vpmu_models::{ExecMode, SoftwarePmu};
+use vpmu_sim::{Machine, SimVendor, amd_v2, intel_v5};
 
 /// Heap allocations made by this process so far.
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
@@ -85,9 +94,12 @@ impl Pass {
             Pass::Measured => vpmu_bench_measured(operation),
         }
     }
+
+    /// Both passes, in order.
+    const BOTH: [Pass; 2] = [Pass::WarmUp, Pass::Measured];
 }
 
-/// The profiling domain's vCPU, a guest vCPU, and a vCPU that never uses the PMU.
+/// The profiling domain's vCPU, a guest vCPU, and a second vCPU of the same guest.
 const P: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const A: VcpuId = VcpuId { domain: 1, vcpu: 0 };
 const B: VcpuId = VcpuId { domain: 1, vcpu: 1 };
@@ -99,60 +111,138 @@ const KERNEL: ExecMode = ExecMode {
     host: false,
 };
 
-/// What one scenario measures.
+/// The simulated machine of a scenario, its PMU models behind the excluded bus.
+type M<V> = Machine<Excluded<V>>;
+
+/// What one scenario measures. `None` as a counter count means every counter that can count
+/// instructions (8 GP and fixed counter 0 on Intel v5, 6 on AMD PerfMonV2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Scenario {
-    /// An intercepted WRMSR of A's loaded counter 0.
+    /// An intercepted WRMSR of A's loaded counter 0 (its value).
     Wrmsr,
     /// An intercepted RDMSR of A's loaded counter 0.
     Rdmsr,
-    /// A with `n` counters (`None`: every counter) switched out for B and back in.
+    /// An intercepted WRMSR of A's loaded, enabled counter 0's event select (a new event).
+    WrmsrEvtsel,
+    /// An intercepted WRMSR of the global control enabling (`true`) or disabling A's 4
+    /// programmed counters.
+    WrmsrGlobal(bool),
+    /// Intel: an intercepted WRMSR of FIXED_CTR_CTRL changing loaded fixed counter 0's rings.
+    WrmsrFixedCtrl,
+    /// A vCPU's first PMU MSR write (Linux's `check_hw_exists` counter write), which takes its
+    /// vPMU from unused to in use.
+    WrmsrFirstUse,
+    /// A's WRMSR of its loaded counter 0 on pCPU 0 after a mode change (self ⇄ hv, made on
+    /// pCPU 1) that pCPU 0 has not caught up with: the intercept catches it up.
+    WrmsrCatchUp,
+    /// A with `n` counters switched out for B, which never used the PMU, and back in.
     SwitchPair(Option<u32>),
-    /// A's counter overflows; the PMI is delivered through A's virtual LVTPC.
-    PmiLvtpc,
-    /// All mode: P's counter overflows while A runs; the sample goes into P's page.
-    PmiSample,
+    /// A with `n` counters switched out for B with the same `n` counters counting too (B's
+    /// general-purpose counters count branches when `other_events`, else instructions) and
+    /// back in.
+    SwitchBusy { n: Option<u32>, other_events: bool },
+    /// `SwitchBusy` with 4 counters, same events, on two pCPUs: A and B swap pCPUs, each
+    /// loaded on the pCPU the other one last ran on.
+    SwitchMigrated,
+    /// `n` of A's sampling counters overflow at once; the PMI is delivered through A's
+    /// virtual LVTPC.
+    PmiLvtpc(Option<u32>),
+    /// All mode: `n` of P's sampling counters overflow at once while A runs; the sample goes
+    /// into P's page.
+    PmiSample(Option<u32>),
     /// P flushes the sample (its counter re-armed and acknowledged in the page).
     Flush,
-    /// Calibration: nothing but the measuring harness itself (subtracted from every row).
+    /// As `Flush`, with the profiler also editing counter 0's control in the page.
+    FlushCtrl,
+    /// All mode, two pCPUs: P's WRMSR on pCPU 0 sends a `SystemWrite` to pCPU 1, which
+    /// completes it.
+    Request,
+    /// Calibration: nothing but the measuring harness itself (must measure 0).
     CalibrateEmpty,
-    /// Calibration: one RDMSR through the excluded bus and nothing else; what it costs above
-    /// `CalibrateEmpty` is the bus wrapper's share, subtracted per MSR access.
+    /// Calibration: one RDMSR through the excluded bus and nothing else (must measure 0).
     CalibrateAccess,
-    /// Calibration: one excluded platform call (`privileged_domain`); its cost above
-    /// `CalibrateEmpty` is subtracted per platform or vCPU-table call.
+    /// Calibration: one excluded platform call (`privileged_domain`) (must measure 0).
     CalibratePlatformCall,
-    /// Calibration: one excluded vCPU-table visit with an empty callback; its cost above
-    /// `CalibratePlatformCall` is subtracted per callback into the core.
+    /// Calibration: one excluded vCPU-table visit with an empty callback (must measure 0).
     CalibrateCallback,
+    /// Calibration: one unmeasured step between measured calls (must measure 0).
+    CalibrateUnmeasured,
 }
 
 /// The calibration runs, not rows of the table.
-const CALIBRATIONS: [(&str, Scenario); 4] = [
+const CALIBRATIONS: [(&str, Scenario); 5] = [
     ("calibrate-empty", Scenario::CalibrateEmpty),
     ("calibrate-access", Scenario::CalibrateAccess),
     ("calibrate-platform-call", Scenario::CalibratePlatformCall),
     ("calibrate-callback", Scenario::CalibrateCallback),
+    ("calibrate-unmeasured", Scenario::CalibrateUnmeasured),
 ];
 
-const SCENARIOS: [(&str, Scenario); 8] = [
+/// The rows of the table, in order.
+const SCENARIOS: [(&str, Scenario); 24] = [
     ("wrmsr", Scenario::Wrmsr),
     ("rdmsr", Scenario::Rdmsr),
+    ("wrmsr-evtsel", Scenario::WrmsrEvtsel),
+    ("wrmsr-global-enable", Scenario::WrmsrGlobal(true)),
+    ("wrmsr-global-disable", Scenario::WrmsrGlobal(false)),
+    ("wrmsr-fixed-ctrl", Scenario::WrmsrFixedCtrl),
+    ("wrmsr-first-use", Scenario::WrmsrFirstUse),
+    ("wrmsr-catch-up", Scenario::WrmsrCatchUp),
     ("switch-1", Scenario::SwitchPair(Some(1))),
     ("switch-4", Scenario::SwitchPair(Some(4))),
     ("switch-all", Scenario::SwitchPair(None)),
-    ("pmi-lvtpc", Scenario::PmiLvtpc),
-    ("pmi-sample", Scenario::PmiSample),
+    (
+        "switch-4-same",
+        Scenario::SwitchBusy {
+            n: Some(4),
+            other_events: false,
+        },
+    ),
+    (
+        "switch-4-other",
+        Scenario::SwitchBusy {
+            n: Some(4),
+            other_events: true,
+        },
+    ),
+    (
+        "switch-all-both",
+        Scenario::SwitchBusy {
+            n: None,
+            other_events: true,
+        },
+    ),
+    ("switch-4-migrated", Scenario::SwitchMigrated),
+    ("pmi-lvtpc-1", Scenario::PmiLvtpc(Some(1))),
+    ("pmi-lvtpc-3", Scenario::PmiLvtpc(Some(3))),
+    ("pmi-lvtpc-all", Scenario::PmiLvtpc(None)),
+    ("pmi-sample-1", Scenario::PmiSample(Some(1))),
+    ("pmi-sample-3", Scenario::PmiSample(Some(3))),
+    ("pmi-sample-all", Scenario::PmiSample(None)),
     ("flush", Scenario::Flush),
+    ("flush-ctrl", Scenario::FlushCtrl),
+    ("request", Scenario::Request),
+];
+
+/// Issue 13's names of the one-counter PMI rows, which `run` and `trace` still accept.
+const ALIASES: [(&str, Scenario); 2] = [
+    ("pmi-lvtpc", Scenario::PmiLvtpc(Some(1))),
+    ("pmi-sample", Scenario::PmiSample(Some(1))),
 ];
 
 const VENDORS: [&str; 2] = ["intel-v5", "amd-perfmonv2"];
+
+/// Whether `scenario` exists on `vendor` (AMD has no fixed counters).
+fn applies(vendor: &str, scenario: Scenario) -> bool {
+    scenario != Scenario::WrmsrFixedCtrl || vendor.starts_with("intel")
+}
 
 /// What a measured run reports on stdout (besides the instructions callgrind counts).
 struct Measured {
     msr_accesses: u64,
     allocations: u64,
-    /// Counters of the PMU that the scenario programs (the switch pairs' `k`).
+    /// Counters of the PMU the measured operation concerns (a switch pair's `k`, a PMI's
+    /// overflowed counters).
     counters_used: u32,
 }
 
@@ -164,8 +254,14 @@ fn crossings() -> (u64, u64) {
     )
 }
 
-fn all_counters(driver: &Driver) -> Vec<u32> {
-    driver.counters()
+/// Fails the run with `what` unless `ok`: a scenario that did not exercise what its name says.
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(what()) }
+}
+
+/// An intercepted access the core must handle.
+fn handled<T>(outcome: &Result<MsrOutcome<T>, vpmu::CoreError>) -> bool {
+    matches!(outcome, Ok(MsrOutcome::Handled(_)))
 }
 
 fn run_scenario<V: SimVendor>(vendor: V, scenario: Scenario) -> Result<Measured, String>
@@ -173,246 +269,30 @@ where
     V::Model: Clone,
 {
     let excluded = Excluded(vendor);
-    let driver = excluded.driver();
     match scenario {
         Scenario::CalibrateEmpty
         | Scenario::CalibrateAccess
         | Scenario::CalibratePlatformCall
-        | Scenario::CalibrateCallback => {
-            let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
-            let counter = Msr(driver.read_counter(0));
-            let mut once = |pass: Pass| {
-                let (hw, platform, vcpus) = (
-                    m.pcpus[0].hw_mut(),
-                    &mut ExcludedPlatform(&mut m.platform),
-                    &ExcludedTable(&m.vcpus),
-                );
-                let mark = Mark::take(&*hw);
-                let read = pass.run(|| match scenario {
-                    Scenario::CalibrateAccess => hw.read(counter).is_ok(),
-                    Scenario::CalibratePlatformCall => platform.privileged_domain() == 0,
-                    Scenario::CalibrateCallback => vcpus.with_vcpu(A, &mut |_| {}),
-                    _ => true,
-                });
-                read.then(|| mark.since(&*hw))
-            };
-            once(Pass::WarmUp).ok_or("warm-up calibration failed")?;
-            let (msr_accesses, allocations) = once(Pass::Measured).ok_or("calibration failed")?;
-            Ok(Measured {
-                msr_accesses,
-                allocations,
-                counters_used: 0,
-            })
-        }
-        Scenario::Wrmsr | Scenario::Rdmsr => {
-            let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
-            m.schedule(0, Some(A));
-            m.program(A, &[counting(0, 0)]);
-            let counter = driver.read_counter(0);
-            let (msr, value) = driver.write_counter(0, 0x1234);
-            let once = |m: &mut Machine<Excluded<V>>, pass: Pass| {
-                m.platform.calling_pcpu = Some(0);
-                let cell = &m.vcpus.domains[1][0];
-                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
-                let platform = &mut ExcludedPlatform(&mut m.platform);
-                let mut vcpu = cell.borrow_mut();
-                let mark = Mark::take(pcpu.hw());
-                let ok = pass.run(|| match scenario {
-                    Scenario::Wrmsr => vpmu
-                        .wrmsr(platform, pcpu, &mut vcpu, Msr(msr), value)
-                        .is_ok(),
-                    _ => vpmu.rdmsr(platform, pcpu, &mut vcpu, Msr(counter)).is_ok(),
-                });
-                ok.then(|| mark.since(pcpu.hw()))
-            };
-            once(&mut m, Pass::WarmUp).ok_or("warm-up intercept failed")?;
-            let (msr_accesses, allocations) =
-                once(&mut m, Pass::Measured).ok_or("intercept failed")?;
-            Ok(Measured {
-                msr_accesses,
-                allocations,
-                counters_used: 1,
-            })
-        }
-        Scenario::SwitchPair(n) => {
-            let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
-            m.schedule(0, Some(A));
-            let counters: Vec<u32> = all_counters(&driver)
-                .into_iter()
-                .take(n.map_or(usize::MAX, |n| n as usize))
-                .collect();
-            if n.is_some_and(|n| counters.len() < n as usize) {
-                return Err(format!("the PMU has only {} counters", counters.len()));
-            }
-            let setups: Vec<_> = counters.iter().map(|&c| counting(c, 0)).collect();
-            m.program(A, &setups);
-            let pair = |m: &mut Machine<Excluded<V>>, pass: Pass| {
-                // Let A's counters move, so that a save has something new to read.
-                m.pcpus[0].hw_mut().count(HwEvent::Instructions, 10, KERNEL);
-                m.platform.calling_pcpu = Some(0);
-                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
-                let (platform, vcpus) = (
-                    &mut ExcludedPlatform(&mut m.platform),
-                    &ExcludedTable(&m.vcpus),
-                );
-                let mark = Mark::take(pcpu.hw());
-                let ok = pass.run(|| {
-                    vpmu.context_switch(platform, pcpu, vcpus, Some(B)).is_ok()
-                        && vpmu.context_switch(platform, pcpu, vcpus, Some(A)).is_ok()
-                });
-                ok.then(|| mark.since(pcpu.hw()))
-            };
-            pair(&mut m, Pass::WarmUp).ok_or("warm-up switch failed")?;
-            let (msr_accesses, allocations) =
-                pair(&mut m, Pass::Measured).ok_or("switch failed")?;
-            Ok(Measured {
-                msr_accesses,
-                allocations,
-                counters_used: counters.len() as u32,
-            })
-        }
-        Scenario::PmiLvtpc => {
-            let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
-            m.platform.set_lvtpc_masked(A, false);
-            m.schedule(0, Some(A));
-            m.platform.interrupted[0] = interrupted_guest(A);
-            let setup = sampling(0, PERIOD);
-            m.program(A, &[setup]);
-            let pmi = |m: &mut Machine<Excluded<V>>, pass: Pass| {
-                let (outcome, cost) = raise_and_handle_pmi(m, Some(pass))?;
-                if !matches!(outcome, Ok(PmiOutcome::Delivered { to: A, .. })) {
-                    return None;
-                }
-                // The guest's handler: acknowledge, re-arm, unmask its LVTPC.
-                if let Some(ack) = driver.ack(1) {
-                    m.write(A, ack);
-                }
-                m.write(A, driver.write_counter(0, setup.start_value()));
-                m.platform.set_lvtpc_masked(A, false);
-                m.platform.lvtpc_deliveries.clear();
-                Some(cost)
-            };
-            pmi(&mut m, Pass::WarmUp).ok_or("warm-up PMI was not delivered through the LVTPC")?;
-            let (msr_accesses, allocations) =
-                pmi(&mut m, Pass::Measured).ok_or("the PMI was not delivered through the LVTPC")?;
-            Ok(Measured {
-                msr_accesses,
-                allocations,
-                counters_used: 1,
-            })
-        }
-        Scenario::PmiSample | Scenario::Flush => {
-            let mut m = Machine::new(excluded, 1, &[1, 1], XENPMU_MODE_SELF);
-            let gfn = m.register_page(P);
-            m.schedule(0, Some(P));
-            m.op(P, XENPMU_OP_MODE_SET, &Params::new(XENPMU_MODE_ALL, 0))
-                .map_err(|e| format!("mode all: {e:?}"))?;
-            let setup = sampling(0, PERIOD);
-            m.program(P, &[setup]);
-            m.schedule(0, Some(A));
-            m.platform.interrupted[0] = interrupted_guest(A);
-            let cycle = |m: &mut Machine<Excluded<V>>, pass: Pass| -> Option<(u64, u64)> {
-                let measured = (scenario == Scenario::PmiSample).then_some(pass);
-                let (outcome, mut cost) = raise_and_handle_pmi(m, measured)?;
-                if !matches!(outcome, Ok(PmiOutcome::Delivered { to: P, .. })) {
-                    return None;
-                }
-                // The profiler's handler: re-arm and acknowledge in the page, then flush.
-                let page = m.platform.frame_mut(P.domain, gfn);
-                driver.edit_page(page, &[(0, setup.start_value())], 1, false);
-                m.platform.virqs.clear();
-                m.platform.calling_pcpu = Some(0);
-                let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
-                let (platform, vcpus) = (
-                    &mut ExcludedPlatform(&mut m.platform),
-                    &ExcludedTable(&m.vcpus),
-                );
-                let mut flush = |pcpu: &mut _| {
-                    vpmu.control_op(
-                        platform,
-                        pcpu,
-                        vcpus,
-                        P,
-                        XENPMU_OP_FLUSH,
-                        &Params::new(0, 0),
-                    )
-                };
-                let mark = Mark::take(pcpu.hw());
-                let flushed = if scenario == Scenario::Flush {
-                    pass.run(|| flush(pcpu))
-                } else {
-                    flush(pcpu)
-                };
-                if scenario == Scenario::Flush {
-                    cost = mark.since(pcpu.hw());
-                }
-                m.platform.calling_pcpu = None;
-                flushed.ok().map(|_| cost)
-            };
-            cycle(&mut m, Pass::WarmUp).ok_or("warm-up sample or flush failed")?;
-            let (msr_accesses, allocations) =
-                cycle(&mut m, Pass::Measured).ok_or("sample or flush failed")?;
-            Ok(Measured {
-                msr_accesses,
-                allocations,
-                counters_used: 1,
-            })
-        }
+        | Scenario::CalibrateCallback
+        | Scenario::CalibrateUnmeasured => intercepts::calibrate(excluded, scenario),
+        Scenario::Wrmsr | Scenario::Rdmsr => intercepts::counter_access(excluded, scenario),
+        Scenario::WrmsrEvtsel => intercepts::evtsel(excluded),
+        Scenario::WrmsrGlobal(enable) => intercepts::global(excluded, enable),
+        Scenario::WrmsrFixedCtrl => intercepts::fixed_ctrl(excluded),
+        Scenario::WrmsrFirstUse => intercepts::first_use(excluded),
+        Scenario::WrmsrCatchUp => intercepts::catch_up(excluded),
+        Scenario::SwitchPair(n) => switches::idle_pair(excluded, n),
+        Scenario::SwitchBusy { n, other_events } => switches::busy_pair(excluded, n, other_events),
+        Scenario::SwitchMigrated => switches::migrated(excluded),
+        Scenario::PmiLvtpc(n) => pmis::lvtpc(excluded, n),
+        Scenario::PmiSample(n) => pmis::sample(excluded, n, None),
+        Scenario::Flush => pmis::sample(excluded, Some(1), Some(false)),
+        Scenario::FlushCtrl => pmis::sample(excluded, Some(1), Some(true)),
+        Scenario::Request => request::system_write(excluded),
     }
 }
 
-/// pCPU 0's counter 0 runs `PERIOD` kernel instructions to its overflow; whether the model
-/// raised the PMI line (taken here, as the interrupt arriving).
-/// Overflows the sampling counter, raises the PMI on pCPU 0 and hands it to the core, inside
-/// the measured call when `measured` names a pass: the core's outcome and the MSR accesses and
-/// allocations it made (`None` if no PMI could be raised).
-fn raise_and_handle_pmi<V: SimVendor>(
-    m: &mut Machine<Excluded<V>>,
-    measured: Option<Pass>,
-) -> Option<(Result<PmiOutcome, vpmu::CoreError>, (u64, u64))>
-where
-    V::Model: Clone,
-{
-    if !overflow_and_raise(m) {
-        return None;
-    }
-    m.platform.calling_pcpu = Some(0);
-    let (vpmu, pcpu) = (&m.vpmu, &mut m.pcpus[0]);
-    let (platform, vcpus) = (
-        &mut ExcludedPlatform(&mut m.platform),
-        &ExcludedTable(&m.vcpus),
-    );
-    let mark = Mark::take(pcpu.hw());
-    let outcome = match measured {
-        Some(pass) => pass.run(|| vpmu.handle_pmi(platform, pcpu, vcpus)),
-        None => vpmu.handle_pmi(platform, pcpu, vcpus),
-    };
-    let cost = mark.since(pcpu.hw());
-    m.platform.calling_pcpu = None;
-    Some((outcome, cost))
-}
-
-fn overflow_and_raise<V: SimVendor>(m: &mut Machine<Excluded<V>>) -> bool
-where
-    V::Model: Clone,
-{
-    let model = m.pcpus[0].hw_mut();
-    model.count(HwEvent::Instructions, PERIOD, KERNEL);
-    model.take_pmi()
-}
-
-/// `vcpu` interrupted in kernel code (what the simulator's retire loop records).
-fn interrupted_guest(vcpu: VcpuId) -> Interrupted {
-    Interrupted::Guest {
-        vcpu,
-        regs: vpmu::abi::Regs {
-            rip: 0xffff_8000_0010_0000,
-            ..Default::default()
-        },
-    }
-}
-
-/// The MSR accesses a pCPU's model served and the heap allocations made, at one moment.
+/// The MSR accesses every pCPU's model served and the heap allocations made, at one moment.
 #[derive(Clone, Copy)]
 struct Mark {
     accesses: u64,
@@ -420,16 +300,22 @@ struct Mark {
 }
 
 impl Mark {
-    fn take(model: &impl SoftwarePmu) -> Self {
+    fn of<V: SimVendor>(m: &M<V>) -> Self
+    where
+        V::Model: Clone,
+    {
         Mark {
-            accesses: model.access_stats().total(),
-            allocations: alloc_count(),
+            accesses: m.pcpus.iter().map(|p| p.hw().access_stats().total()).sum(),
+            allocations: ALLOCATIONS.load(Ordering::Relaxed),
         }
     }
 
     /// (MSR accesses, allocations) since `self`.
-    fn since(self, model: &impl SoftwarePmu) -> (u64, u64) {
-        let now = Mark::take(model);
+    fn since<V: SimVendor>(self, m: &M<V>) -> (u64, u64)
+    where
+        V::Model: Clone,
+    {
+        let now = Mark::of(m);
         (
             now.accesses - self.accesses,
             now.allocations - self.allocations,
@@ -437,17 +323,22 @@ impl Mark {
     }
 }
 
-fn alloc_count() -> u64 {
-    ALLOCATIONS.load(Ordering::Relaxed)
-}
-
-fn run(vendor: &str, scenario: &str) -> Result<Measured, String> {
-    let scenario = SCENARIOS
+fn find(scenario: &str) -> Result<Scenario, String> {
+    SCENARIOS
         .iter()
+        .chain(&ALIASES)
         .chain(&CALIBRATIONS)
         .find(|(name, _)| *name == scenario)
         .map(|&(_, s)| s)
-        .ok_or_else(|| format!("no scenario {scenario:?} (instructions list)"))?;
+        .ok_or_else(|| format!("no scenario {scenario:?} (instructions list)"))
+}
+
+fn run(vendor: &str, scenario: &str) -> Result<Measured, String> {
+    let name = scenario;
+    let scenario = find(scenario)?;
+    if !applies(vendor, scenario) {
+        return Err(format!("{name} does not exist on {vendor}"));
+    }
     match vendor {
         "intel-v5" => run_scenario(intel_v5(), scenario),
         "amd-perfmonv2" => run_scenario(amd_v2(), scenario),
@@ -455,23 +346,31 @@ fn run(vendor: &str, scenario: &str) -> Result<Measured, String> {
     }
 }
 
+fn list(vendor: Option<&str>) -> String {
+    SCENARIOS
+        .into_iter()
+        .filter(|&(_, s)| vendor.is_none_or(|v| applies(v, s)))
+        .map(|(n, _)| format!("{n}\n"))
+        .collect()
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let result = match args.as_slice() {
-        ["list"] => Ok(SCENARIOS
-            .iter()
-            .map(|(n, _)| format!("{n}\n"))
-            .collect::<String>()),
+        ["list"] => Ok(list(None)),
+        ["list", vendor] if VENDORS.contains(vendor) => Ok(list(Some(vendor))),
         ["run", vendor, scenario] | ["run", vendor, scenario, "--with-platform"] => {
             if args.len() == 4 {
                 count_platform();
             }
+            let name = *scenario;
             run(vendor, scenario).map(|m| {
                 let (calls, callbacks) = crossings();
+                let least = find(name).map_or(0, |s| minimum(vendor, s, m.counters_used));
                 format!(
-                    "msr_accesses={} allocations={} counters={} platform_calls={calls} \
-                     callbacks={callbacks}\n",
+                    "msr_accesses={} minimum={least} allocations={} counters={} \
+                     platform_calls={calls} callbacks={callbacks}\n",
                     m.msr_accesses, m.allocations, m.counters_used
                 )
             })
@@ -482,7 +381,9 @@ fn main() -> ExitCode {
             run(vendor, scenario).map(|m| format!("msr_accesses={}\n", m.msr_accesses))
         }
         _ => Err(
-            "usage: instructions list | run VENDOR SCENARIO [--with-platform] | trace VENDOR SCENARIO | table".into(),
+            "usage: instructions list [VENDOR] | run VENDOR SCENARIO [--with-platform] | \
+                  trace VENDOR SCENARIO | table"
+                .into(),
         ),
     };
     match result {

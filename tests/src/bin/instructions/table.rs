@@ -1,73 +1,13 @@
 //! The table: every scenario of both vendors in its own process under callgrind, the core's
-//! share of what callgrind counted, and the two references of each row (the must-change
-//! minimum of MSR accesses and Xen's count for the same scenario).
+//! share of what callgrind counted, the two references of each row (the must-change minimum
+//! of MSR accesses and Xen's count for the same scenario, `reference.rs`) and whether the row
+//! meets its budget.
 
 use std::fmt::Write as _;
 use std::process::Command;
 
-use crate::{CALIBRATIONS, SCENARIOS, Scenario, VENDORS};
-
-/// The PMU geometry the references are computed from.
-struct Geometry {
-    gp: u32,
-    fixed: u32,
-}
-
-fn geometry(vendor: &str) -> Geometry {
-    match vendor {
-        // intel_v5(): 8 GP, 4 fixed counters; amd_v2(): 6 counters.
-        "intel-v5" => Geometry { gp: 8, fixed: 4 },
-        _ => Geometry { gp: 6, fixed: 0 },
-    }
-}
-
-/// The fewest MSR accesses the scenario can take on a PMU with a global control (both shapes
-/// here), as docs and the README derive them.
-fn minimum(scenario: Scenario, k: u32) -> u32 {
-    match scenario {
-        Scenario::Wrmsr | Scenario::Rdmsr | Scenario::CalibrateAccess => 1,
-        Scenario::CalibrateEmpty
-        | Scenario::CalibratePlatformCall
-        | Scenario::CalibrateCallback => 0,
-        // Stop (global control), overflow status, read each used counter; re-enable.
-        Scenario::SwitchPair(_) => k + 3,
-        // Read the overflow status, acknowledge it.
-        Scenario::PmiLvtpc => 2,
-        // Status, acknowledge, stop, read the used counters.
-        Scenario::PmiSample => k + 3,
-        // Write the re-armed counter, re-enable.
-        Scenario::Flush => 2,
-    }
-}
-
-/// What Xen's VPMU (xen/arch/x86/cpu/vpmu_intel.c, vpmu_amd.c, staging as of 2024) does for the
-/// scenario on an HVM guest, counted from core2_vpmu_save/__core2_vpmu_load and
-/// amd_vpmu_save/context_load: it saves and reloads every counter whatever is in use.
-fn xen(vendor: &str, scenario: Scenario) -> String {
-    let g = geometry(vendor);
-    let intel = vendor.starts_with("intel");
-    let n = match scenario {
-        Scenario::Wrmsr | Scenario::Rdmsr | Scenario::CalibrateAccess => 1,
-        Scenario::CalibrateEmpty
-        | Scenario::CalibratePlatformCall
-        | Scenario::CalibrateCallback => 0,
-        // Intel: save reads F fixed + A (counter, event select) pairs; load writes them and
-        // FIXED_CTR_CTRL (GLOBAL_CTRL travels in the VMCS). AMD: save stops every control and
-        // reads every counter; load writes every counter and control.
-        Scenario::SwitchPair(_) if intel => 2 * g.fixed + 4 * g.gp + 1,
-        Scenario::SwitchPair(_) => 4 * g.gp,
-        // core2_vpmu_do_interrupt: read GLOBAL_STATUS, write GLOBAL_OVF_CTRL.
-        Scenario::PmiLvtpc if intel => 2,
-        Scenario::PmiLvtpc => return "– (no PerfMonV2)".into(),
-        // All mode: the interrupt, then arch_vpmu_save(to_guest) of the whole bank.
-        Scenario::PmiSample if intel => 2 + g.fixed + 2 * g.gp,
-        Scenario::PmiSample => return "– (no PerfMonV2)".into(),
-        // XENPMU_OP_FLUSH: vpmu_load(from_guest) rewrites the whole bank.
-        Scenario::Flush if intel => g.fixed + 2 * g.gp + 1,
-        Scenario::Flush => return "– (no PerfMonV2)".into(),
-    };
-    n.to_string()
-}
+use crate::reference::{budget, minimum, xen};
+use crate::{CALIBRATIONS, SCENARIOS, VENDORS, applies};
 
 /// What callgrind counted in one measured run.
 struct Counts {
@@ -210,6 +150,27 @@ fn check_calibration(vendor: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a row meets its budget: its instruction budget (if it has one), the must-change
+/// minimum of MSR accesses, no heap allocation; what it misses, if anything.
+fn verdict(core: u64, limit: Option<u64>, accesses: u64, minimum: u32, allocations: u64) -> String {
+    let mut missed = Vec::new();
+    if let Some(limit) = limit.filter(|&l| core > l) {
+        missed.push(format!("{core} > {limit} instructions"));
+    }
+    if accesses != u64::from(minimum) {
+        missed.push(format!("{accesses} MSR accesses, minimum {minimum}"));
+    }
+    if allocations != 0 {
+        missed.push(format!("{allocations} allocations"));
+    }
+    let limit = limit.map_or("MSR = min".to_string(), |l| format!("≤ {l}, MSR = min"));
+    if missed.is_empty() {
+        format!("{limit}: met")
+    } else {
+        format!("{limit}: **not met** ({})", missed.join(", "))
+    }
+}
+
 pub fn table() -> Result<String, String> {
     let mut out = String::new();
     for vendor in VENDORS {
@@ -217,11 +178,18 @@ pub fn table() -> Result<String, String> {
     }
     let _ = writeln!(
         out,
-        "| scenario | vendor | core instructions | platform calls | MSR accesses | must-change minimum | Xen | heap allocations |"
+        "| scenario | vendor | core instructions | platform calls | MSR accesses | must-change minimum | Xen | heap allocations | budget |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
     for (name, scenario) in SCENARIOS {
         for vendor in VENDORS {
+            if !applies(vendor, scenario) {
+                let _ = writeln!(
+                    out,
+                    "| {name} | {vendor} | – | – | – | – | – | – | – (no fixed counters) |"
+                );
+                continue;
+            }
             let (counts, report) = callgrind(vendor, name, false)?;
             let number =
                 |key: &str| field(&report, key).ok_or_else(|| format!("{vendor} {name}: no {key}"));
@@ -230,18 +198,20 @@ pub fn table() -> Result<String, String> {
             let k = number("counters")? as u32;
             let calls = number("platform_calls")?;
             let core = counts.total - counts.harness;
+            let least = minimum(vendor, scenario, k);
             let _ = writeln!(
                 out,
-                "| {name} | {vendor} | {core} | {calls} | {accesses} | {} | {} | {allocations} |",
-                minimum(scenario, k),
-                xen(vendor, scenario)
+                "| {name} | {vendor} | {core} | {calls} | {accesses} | {least} | {} | {allocations} | {} |",
+                xen(vendor, scenario, k),
+                verdict(core, budget(scenario), accesses, least, allocations)
             );
         }
     }
     let _ = writeln!(
         out,
-        "\nThe harness's own instructions are left out by source (its files and the standard \
-         library inlined into its functions); every calibration run measured 0 core instructions."
+        "\nThe harness's own instructions are left out by source line (its files and the \
+         standard library inlined into its functions); every calibration run measured 0 core \
+         instructions."
     );
     Ok(out)
 }

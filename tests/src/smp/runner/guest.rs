@@ -174,9 +174,6 @@ impl<V: SimVendor> Runner<'_, V> {
                 }
                 let state = slot.pmu.state();
                 let loaded = state == (VcpuState::Loaded { pcpu: here });
-                if loaded {
-                    slot.book.unloaded_by_request = false;
-                }
                 let mut problem = None;
                 if let (Some(ledger), 3, false) = (slot.book.ledger.as_mut(), cpl, host) {
                     let enabled: Vec<u32> = ledger
@@ -212,7 +209,7 @@ impl<V: SimVendor> Runner<'_, V> {
                         // The cached window stops the counters.
                         VcpuState::Cached { .. } => {}
                         VcpuState::Saved | VcpuState::Allocated => {
-                            if must_count && !slot.book.unloaded_by_request {
+                            if must_count {
                                 problem = Some((
                                     "guest counters enabled but its context is not loaded",
                                     here,

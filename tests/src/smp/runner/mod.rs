@@ -277,25 +277,15 @@ impl<'a, V: SimVendor> Runner<'a, V> {
                 break;
             };
             self.in_hypervisor(self.pcpu.current());
-            let unloads_running = match request {
-                CrossCpuRequest::Unload { vcpu } if self.pcpu.current() == Some(vcpu) => {
-                    let state = self.table.lock(vcpu).pmu.state();
-                    (state == VcpuState::Loaded { pcpu: self.here }).then_some(vcpu)
-                }
-                _ => None,
-            };
             let epoch = self.vpmu.policy().epoch;
             let result =
                 self.vpmu
                     .complete_request(&mut self.platform, &mut self.pcpu, self.table, request);
             self.core_ok("complete_request", result);
             self.note(format!("completed {request:?} (epoch {epoch} before)"));
-            if let Some(vcpu) = unloads_running {
-                self.table.lock(vcpu).book.unloaded_by_request = true;
-            }
             self.shared.coverage.hit(match request {
                 CrossCpuRequest::CatchUp => "request CatchUp completed",
-                CrossCpuRequest::Unload { .. } => "request Unload completed",
+                CrossCpuRequest::Teardown { .. } => "request Teardown completed",
                 CrossCpuRequest::SystemWrite { .. } => "request SystemWrite completed",
                 CrossCpuRequest::ResumeSystem { .. } => "request ResumeSystem completed",
                 CrossCpuRequest::DropSystem { .. } => "request DropSystem completed",
@@ -330,9 +320,6 @@ impl<'a, V: SimVendor> Runner<'a, V> {
                 self.find("context left loaded after switch-out", format!("{prev:?}"));
             }
             self.release(prev);
-        }
-        if let Some(next) = next {
-            self.table.lock(next).book.unloaded_by_request = false;
         }
         self.shared.coverage.hit("context switches");
     }
