@@ -8,6 +8,10 @@ use static_assertions::{const_assert, const_assert_eq};
 
 use crate::ops::{CoverageParams, Params, Version};
 use crate::page::{FlushRefusal, Header, Identity, Page, Regs, SampleInfo};
+use crate::ring::{
+    RecordHeader, RingConfig, RingConsumer, RingControl, RingInfo, RingLost, RingProducer,
+    RingSample,
+};
 use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
 
 const_assert_eq!(size_of::<Page>(), crate::XENPMU_PAGE_SIZE);
@@ -152,3 +156,68 @@ const_assert!(
         <= crate::XENPMU_VENDOR_AREA_SIZE
 );
 const_assert!(crate::XENPMU_VENDOR_CTXT_SIZE + 2 * 6 * 8 <= crate::XENPMU_VENDOR_AREA_SIZE);
+
+// The sample ring (1.4).
+const_assert_eq!(size_of::<RecordHeader>(), 8);
+const_assert_eq!(offset_of!(RecordHeader, kind), 0);
+const_assert_eq!(offset_of!(RecordHeader, size), 2);
+const_assert_eq!(offset_of!(RecordHeader, misc), 4);
+const_assert_eq!(size_of::<RingSample>(), crate::XENPMU_RING_SAMPLE_SIZE);
+const_assert_eq!(offset_of!(RingSample, header), 0);
+const_assert_eq!(offset_of!(RingSample, sequence), 8);
+const_assert_eq!(offset_of!(RingSample, tsc), 16);
+const_assert_eq!(offset_of!(RingSample, identity), 24);
+const_assert_eq!(offset_of!(RingSample, overflowed), 40);
+const_assert_eq!(offset_of!(RingSample, chain_len), 48);
+const_assert_eq!(offset_of!(RingSample, chain_end), 52);
+const_assert_eq!(offset_of!(RingSample, regs), 56);
+const_assert_eq!(crate::XENPMU_RECORD_MAX, 736);
+const_assert!(crate::XENPMU_RECORD_MAX <= u16::MAX as usize);
+const_assert_eq!(size_of::<RingLost>(), 32);
+const_assert_eq!(offset_of!(RingLost, lost), 8);
+const_assert_eq!(offset_of!(RingLost, sequence), 16);
+const_assert_eq!(offset_of!(RingLost, tsc), 24);
+const_assert_eq!(size_of::<RingConfig>(), 256);
+const_assert_eq!(offset_of!(RingConfig, data_pages), 0);
+const_assert_eq!(offset_of!(RingConfig, wakeup_bytes), 4);
+const_assert_eq!(offset_of!(RingConfig, max_latency_us), 8);
+const_assert_eq!(offset_of!(RingConfig, flags), 12);
+const_assert_eq!(offset_of!(RingConfig, _reserved0), 16);
+const_assert_eq!(offset_of!(RingConfig, period_gp), 64);
+const_assert_eq!(offset_of!(RingConfig, period_fixed), 128);
+const_assert_eq!(offset_of!(RingConfig, _reserved1), 160);
+const_assert_eq!(size_of::<RingInfo>(), 64);
+const_assert_eq!(offset_of!(RingInfo, magic), 0);
+const_assert_eq!(offset_of!(RingInfo, version_major), 4);
+const_assert_eq!(offset_of!(RingInfo, version_minor), 6);
+const_assert_eq!(offset_of!(RingInfo, data_offset), 8);
+const_assert_eq!(offset_of!(RingInfo, data_size), 12);
+const_assert_eq!(offset_of!(RingInfo, record_max), 16);
+const_assert_eq!(offset_of!(RingInfo, wakeup_bytes), 20);
+const_assert_eq!(offset_of!(RingInfo, tsc_khz), 24);
+const_assert_eq!(size_of::<RingProducer>(), 64);
+const_assert_eq!(offset_of!(RingProducer, head), 0);
+const_assert_eq!(offset_of!(RingProducer, records), 8);
+const_assert_eq!(offset_of!(RingProducer, lost), 16);
+const_assert_eq!(offset_of!(RingProducer, withheld), 24);
+const_assert_eq!(offset_of!(RingProducer, wakeups), 32);
+const_assert_eq!(offset_of!(RingProducer, bad_tail), 40);
+const_assert_eq!(size_of::<RingConsumer>(), 64);
+const_assert_eq!(size_of::<RingControl>(), crate::XENPMU_RING_CONTROL_SIZE);
+const_assert_eq!(offset_of!(RingControl, config), 0);
+const_assert_eq!(
+    offset_of!(RingControl, info),
+    crate::XENPMU_RING_INFO_OFFSET
+);
+const_assert_eq!(
+    offset_of!(RingControl, producer),
+    crate::XENPMU_RING_PRODUCER_OFFSET
+);
+const_assert_eq!(
+    offset_of!(RingControl, consumer),
+    crate::XENPMU_RING_CONSUMER_OFFSET
+);
+// Producer and consumer lines never share a cache line with each other or with anything else.
+const_assert_eq!(crate::XENPMU_RING_PRODUCER_OFFSET % 64, 0);
+const_assert_eq!(crate::XENPMU_RING_CONSUMER_OFFSET % 64, 0);
+const_assert_eq!(align_of::<RingControl>(), 8);

@@ -10,6 +10,10 @@ use core::mem::{offset_of, size_of};
 
 use crate::ops::{CoverageParams, Params, Version};
 use crate::page::{FlushRefusal, Header, Identity, Page, Regs, SampleInfo};
+use crate::ring::{
+    RecordHeader, RingConfig, RingConsumer, RingControl, RingInfo, RingLost, RingProducer,
+    RingSample,
+};
 use crate::vendor::{AmdCtxt, CounterPair, IntelCtxt, VendorArea};
 
 /// One field of an ABI struct.
@@ -140,6 +144,55 @@ pub const STRUCTS: &[StructLayout] = &[
         CoverageParams,
         "xenpmu_coverage_params",
         [version, buffer, size, subop]
+    ),
+    struct_layout!(RecordHeader, "xenpmu_record_header", [kind, size, misc]),
+    struct_layout!(
+        RingSample,
+        "xenpmu_ring_sample",
+        [
+            header, sequence, tsc, identity, overflowed, chain_len, chain_end, regs
+        ]
+    ),
+    struct_layout!(RingLost, "xenpmu_ring_lost", [header, lost, sequence, tsc]),
+    struct_layout!(
+        RingConfig,
+        "xenpmu_ring_config",
+        [
+            data_pages,
+            wakeup_bytes,
+            max_latency_us,
+            flags,
+            _reserved0,
+            period_gp,
+            period_fixed,
+            _reserved1
+        ]
+    ),
+    struct_layout!(
+        RingInfo,
+        "xenpmu_ring_info",
+        [
+            magic,
+            version_major,
+            version_minor,
+            data_offset,
+            data_size,
+            record_max,
+            wakeup_bytes,
+            tsc_khz,
+            _reserved0
+        ]
+    ),
+    struct_layout!(
+        RingProducer,
+        "xenpmu_ring_producer",
+        [head, records, lost, withheld, wakeups, bad_tail, _reserved0]
+    ),
+    struct_layout!(RingConsumer, "xenpmu_ring_consumer", [tail, _reserved0]),
+    struct_layout!(
+        RingControl,
+        "xenpmu_ring_control",
+        [config, info, producer, consumer, _reserved]
     ),
 ];
 

@@ -10,6 +10,7 @@
 //! * [`vendor`]: the Intel and AMD counter contexts, whose banks are found through offsets the
 //!   hypervisor writes.
 //! * [`ops`]: control-operation numbers, parameters, mode and feature bits, errors.
+//! * [`ring`]: the sample ring (1.4): control page, record layouts and their constants.
 //! * [`consumer`]: a checked view for the guest side; [`writer`]: helpers for the hypervisor.
 //! * [`layout`]: every struct and field with its size and offset, for generators and tests.
 //!
@@ -29,6 +30,7 @@ pub mod error;
 pub mod layout;
 pub mod ops;
 pub mod page;
+pub mod ring;
 pub mod transport;
 pub mod vendor;
 pub mod writer;
@@ -37,5 +39,6 @@ pub use consumer::{AmdView, IntelView, PageView, PageViewMut};
 pub use error::*;
 pub use ops::*;
 pub use page::*;
+pub use ring::*;
 pub use vendor::*;
 pub use writer::VendorLayout;

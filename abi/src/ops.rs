@@ -25,8 +25,15 @@ pub const XENPMU_OP_FLUSH: u32 = 7;
 /// The vPMU's own code coverage (privileged; version 1.1): the sub-operation in
 /// `CoverageParams::subop`. `-EOPNOTSUPP` when the hypervisor was built without it.
 pub const XENPMU_OP_COVERAGE: u32 = 8;
-/// Number of operations version 1.1 defines; higher numbers are reserved.
-pub const XENPMU_OP_COUNT: u32 = 9;
+/// Register a sample ring (version 1.4) for vCPU `Params::vcpu`: `Params::val` = guest frame
+/// number of the ring area's control page (`ring::RingControl`), whose configuration the caller
+/// wrote; the data pages follow it.
+pub const XENPMU_OP_RING_INIT: u32 = 9;
+/// Unregister the sample ring (version 1.4) of vCPU `Params::vcpu`; samples go to the page
+/// again.
+pub const XENPMU_OP_RING_FINISH: u32 = 10;
+/// Number of operations version 1.4 defines; higher numbers are reserved.
+pub const XENPMU_OP_COUNT: u32 = 11;
 
 /// Coverage sub-operation: OUT `size` = the bytes of the raw profile a read would return.
 pub const XENPMU_COVERAGE_GET_SIZE: u32 = 0;
@@ -193,11 +200,15 @@ pub enum Op {
     Flush,
     /// `XENPMU_OP_COVERAGE`.
     Coverage,
+    /// `XENPMU_OP_RING_INIT`.
+    RingInit,
+    /// `XENPMU_OP_RING_FINISH`.
+    RingFinish,
 }
 
 impl Op {
     /// Every operation, in number order.
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 11] = [
         Op::ModeGet,
         Op::ModeSet,
         Op::FeatureGet,
@@ -207,6 +218,8 @@ impl Op {
         Op::LvtpcSet,
         Op::Flush,
         Op::Coverage,
+        Op::RingInit,
+        Op::RingFinish,
     ];
 
     /// Decodes an operation number; unknown numbers give `OpError::NotSupported` (`-EOPNOTSUPP`).
@@ -229,6 +242,8 @@ impl Op {
             Op::LvtpcSet => XENPMU_OP_LVTPC_SET,
             Op::Flush => XENPMU_OP_FLUSH,
             Op::Coverage => XENPMU_OP_COVERAGE,
+            Op::RingInit => XENPMU_OP_RING_INIT,
+            Op::RingFinish => XENPMU_OP_RING_FINISH,
         }
     }
 

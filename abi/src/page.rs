@@ -24,8 +24,9 @@ pub const XENPMU_VERSION_MAJOR: u16 = 1;
 /// reserved (always written as zero), so an older consumer can read a newer page unchanged,
 /// or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; 1.2 added the sample details
 /// (`Page::sample`: timestamp, sequence number, overflowed counters, call chain); 1.3 added
-/// the flush refusal report (`Page::flush_refusal`) in bytes 1.2 reserved.
-pub const XENPMU_VERSION_MINOR: u16 = 3;
+/// the flush refusal report (`Page::flush_refusal`) in bytes 1.2 reserved; 1.4 added the sample
+/// ring (`ring`, `XENPMU_OP_RING_INIT`/`_FINISH`), leaving the page as 1.3 defined it.
+pub const XENPMU_VERSION_MINOR: u16 = 4;
 
 /// Size in bytes of the part of the page that version 1.0 defines (header through the vendor
 /// area). The hypervisor writes the size of the part *its* minor defines into

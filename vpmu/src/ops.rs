@@ -113,6 +113,8 @@ impl<B: PmuBackend> Vpmu<B> {
             }
             // Returned above.
             Op::Coverage => return Err(OpError::NotSupported),
+            // TRANSITIONAL (replaced by the ring producer): no ring support yet.
+            Op::RingInit | Op::RingFinish => return Err(OpError::NotSupported),
             Op::Flush => vcpus
                 .visit(caller, |vcpu| self.flush(platform, pcpu, vcpu))
                 .unwrap_or(Err(OpError::InvalidArgument))?,
