@@ -110,9 +110,22 @@
 #define XENPMU_OP_COVERAGE 8
 
 /**
- * Number of operations version 1.1 defines; higher numbers are reserved.
+ * Register a sample ring (version 1.4) for vCPU `xenpmu_params.vcpu`: `xenpmu_params.val` = guest frame
+ * number of the ring area's control page (`ring::RingControl`), whose configuration the caller
+ * wrote; the data pages follow it.
  */
-#define XENPMU_OP_COUNT 9
+#define XENPMU_OP_RING_INIT 9
+
+/**
+ * Unregister the sample ring (version 1.4) of vCPU `xenpmu_params.vcpu`; samples go to the page
+ * again.
+ */
+#define XENPMU_OP_RING_FINISH 10
+
+/**
+ * Number of operations version 1.4 defines; higher numbers are reserved.
+ */
+#define XENPMU_OP_COUNT 11
 
 /**
  * Coverage sub-operation: OUT `size` = the bytes of the raw profile a read would return.
@@ -269,9 +282,10 @@
  * reserved (always written as zero), so an older consumer can read a newer page unchanged,
  * or adds operations. 1.1 added `XENPMU_OP_COVERAGE`; 1.2 added the sample details
  * (`xenpmu_page.sample`: timestamp, sequence number, overflowed counters, call chain); 1.3 added
- * the flush refusal report (`xenpmu_page.flush_refusal`) in bytes 1.2 reserved.
+ * the flush refusal report (`xenpmu_page.flush_refusal`) in bytes 1.2 reserved; 1.4 added the sample
+ * ring (`ring`, `XENPMU_OP_RING_INIT`/`_FINISH`), leaving the page as 1.3 defined it.
  */
-#define XENPMU_VERSION_MINOR 3
+#define XENPMU_VERSION_MINOR 4
 
 /**
  * Size in bytes of the part of the page that version 1.0 defines (header through the vendor
@@ -466,6 +480,95 @@
  * Every `xenpmu_regs.mode` bit version 1.0 defines.
  */
 #define XENPMU_REGS_MODE_DEFINED ((XENPMU_REGS_MODE_CODE_SIZE | XENPMU_REGS_MODE_USER) | XENPMU_REGS_MODE_HYPERVISOR)
+
+/**
+ * `xenpmu_ring_info.magic` of a ring area the hypervisor accepted: the bytes `"XPMR"`.
+ */
+#define XENPMU_RING_MAGIC 1380798552
+
+/**
+ * Size of the control page, and the offset of the data area from its start.
+ */
+#define XENPMU_RING_CONTROL_SIZE 4096
+
+/**
+ * Size of one data page.
+ */
+#define XENPMU_RING_PAGE_SIZE 4096
+
+/**
+ * The most data pages a ring may have (1 MiB of records). `xenpmu_ring_config.data_pages` is a power
+ * of two from 1 to this.
+ */
+#define XENPMU_RING_MAX_DATA_PAGES 256
+
+/**
+ * Alignment and size granule of every record.
+ */
+#define XENPMU_RECORD_ALIGN 8
+
+/**
+ * `xenpmu_record_header.kind`: a sample (`xenpmu_ring_sample`, then `chain_len` call-chain entries).
+ */
+#define XENPMU_RECORD_SAMPLE 1
+
+/**
+ * `xenpmu_record_header.kind`: samples were lost because the ring was full (`xenpmu_ring_lost`).
+ */
+#define XENPMU_RECORD_LOST 2
+
+/**
+ * `xenpmu_record_header.kind`: padding up to the end of the data area; the next record is at offset
+ * 0. Only a header; `size` covers the padding.
+ */
+#define XENPMU_RECORD_PAD 3
+
+/**
+ * `xenpmu_record_header.misc` of a sample record: the sampled context ran in user mode (CPL 3). The
+ * same bit as `XENPMU_FLAG_SAMPLE_USER` in the page's `pmu_flags`.
+ */
+#define XENPMU_RECORD_MISC_USER (1 << 1)
+
+/**
+ * `xenpmu_record_header.misc` of a sample record: the sampled context was in real or virtual-8086
+ * mode. The same bit as `XENPMU_FLAG_SAMPLE_REAL`.
+ */
+#define XENPMU_RECORD_MISC_REAL (1 << 2)
+
+/**
+ * General-purpose counters whose re-arm period the configuration holds.
+ */
+#define XENPMU_RING_GP_PERIODS 8
+
+/**
+ * Intel fixed counters whose re-arm period the configuration holds.
+ */
+#define XENPMU_RING_FIXED_PERIODS 4
+
+/**
+ * Size of `xenpmu_ring_sample`, the fixed part of a sample record.
+ */
+#define XENPMU_RING_SAMPLE_SIZE 224
+
+/**
+ * Size of the largest record: a sample with a full call chain.
+ */
+#define XENPMU_RECORD_MAX (XENPMU_RING_SAMPLE_SIZE + (8 * XENPMU_CALLCHAIN_MAX))
+
+/**
+ * Page offset of `xenpmu_ring_control.info`.
+ */
+#define XENPMU_RING_INFO_OFFSET 256
+
+/**
+ * Page offset of `xenpmu_ring_control.producer`.
+ */
+#define XENPMU_RING_PRODUCER_OFFSET 320
+
+/**
+ * Page offset of `xenpmu_ring_control.consumer`.
+ */
+#define XENPMU_RING_CONSUMER_OFFSET 384
 
 /**
  * First base of the CPUID range a guest scans (the hypervisor range, leaves reserved for
@@ -1011,6 +1114,250 @@ typedef struct xenpmu_coverage_params {
    */
   uint32_t subop;
 } xenpmu_coverage_params;
+
+/**
+ * The header every record starts with (8 bytes, like Linux's `perf_event_header`).
+ */
+typedef struct xenpmu_record_header {
+  /**
+   * `XENPMU_RECORD_*`. 0 is never a record; a consumer skips a kind it does not know by
+   * `size`.
+   */
+  uint16_t kind;
+  /**
+   * Bytes of the whole record, header included: a multiple of 8, at least 8, at most
+   * `xenpmu_ring_info.record_max`, and never past the end of the data area.
+   */
+  uint16_t size;
+  /**
+   * Per kind: for a sample, `XENPMU_RECORD_MISC_*`; 0 otherwise.
+   */
+  uint32_t misc;
+} xenpmu_record_header;
+
+/**
+ * The fixed part of a sample record (224 bytes), followed by `chain_len` `u64` call-chain
+ * entries. The fields mean what the page's `identity`, `regs` and `sample` fields mean.
+ */
+typedef struct xenpmu_ring_sample {
+  /**
+   * `kind` = `XENPMU_RECORD_SAMPLE`, `size` = 224 + 8 × `chain_len`.
+   */
+  struct xenpmu_record_header header;
+  /**
+   * The vCPU's sample number since `XENPMU_OP_INIT` (shared with the page's numbering).
+   */
+  uint64_t sequence;
+  /**
+   * TSC of the physical CPU that took the PMI (0: none).
+   */
+  uint64_t tsc;
+  /**
+   * Who was sampled.
+   */
+  struct xenpmu_identity identity;
+  /**
+   * The counters whose overflow this sample reports (bit *i*: GP counter *i*; bit 32 + *i*:
+   * Intel fixed counter *i*).
+   */
+  uint64_t overflowed;
+  /**
+   * Call-chain entries that follow the fixed part, 0 to `XENPMU_CALLCHAIN_MAX`.
+   */
+  uint32_t chain_len;
+  /**
+   * `XENPMU_CHAIN_*`: why the chain ends where it does.
+   */
+  uint32_t chain_end;
+  /**
+   * The sampled context's registers.
+   */
+  struct xenpmu_regs regs;
+} xenpmu_ring_sample;
+
+/**
+ * A lost-samples record: samples that found the ring full since the previous lost record.
+ */
+typedef struct xenpmu_ring_lost {
+  /**
+   * `kind` = `XENPMU_RECORD_LOST`, `size` = 32.
+   */
+  struct xenpmu_record_header header;
+  /**
+   * Samples lost since the previous lost record (at least 1).
+   */
+  uint64_t lost;
+  /**
+   * The sequence number of the last of them.
+   */
+  uint64_t sequence;
+  /**
+   * TSC of the last of them (0: none).
+   */
+  uint64_t tsc;
+} xenpmu_ring_lost;
+
+/**
+ * What the owner writes into the control page before `XENPMU_OP_RING_INIT`; the hypervisor
+ * copies it once, during the operation, and never reads it again.
+ */
+typedef struct xenpmu_ring_config {
+  /**
+   * Data pages following the control page: a power of two, 1 to
+   * `XENPMU_RING_MAX_DATA_PAGES`.
+   */
+  uint32_t data_pages;
+  /**
+   * Wake the owner (PMU VIRQ) once at least this many bytes of records were published since
+   * the last wakeup; 0 means half the data area. At most the data area's size.
+   */
+  uint32_t wakeup_bytes;
+  /**
+   * Wake the owner at most this many microseconds after a record was published, even below
+   * `wakeup_bytes`; 0 wakes it at every record.
+   */
+  uint32_t max_latency_us;
+  /**
+   * Reserved, zero.
+   */
+  uint32_t flags;
+  /**
+   * Reserved, zero.
+   */
+  uint64_t _reserved0[6];
+  /**
+   * Re-arm period of general-purpose counter *i* (0: not re-armed by the hypervisor).
+   */
+  uint64_t period_gp[XENPMU_RING_GP_PERIODS];
+  /**
+   * Re-arm period of Intel fixed counter *i* (0: not re-armed; must be 0 on AMD).
+   */
+  uint64_t period_fixed[XENPMU_RING_FIXED_PERIODS];
+  /**
+   * Reserved, zero.
+   */
+  uint64_t _reserved1[12];
+} xenpmu_ring_config;
+
+/**
+ * The hypervisor's description of the ring it accepted, written during
+ * `XENPMU_OP_RING_INIT` and never changed until the ring is torn down.
+ */
+typedef struct xenpmu_ring_info {
+  /**
+   * `XENPMU_RING_MAGIC`.
+   */
+  uint32_t magic;
+  /**
+   * The hypervisor's `XENPMU_VERSION_MAJOR`.
+   */
+  uint16_t version_major;
+  /**
+   * The hypervisor's `XENPMU_VERSION_MINOR`.
+   */
+  uint16_t version_minor;
+  /**
+   * Bytes from the start of the control page to the data area (4096).
+   */
+  uint32_t data_offset;
+  /**
+   * Bytes of the data area: `data_pages` × 4096, a power of two.
+   */
+  uint32_t data_size;
+  /**
+   * The largest record the hypervisor writes (`XENPMU_RECORD_MAX` for this version).
+   */
+  uint32_t record_max;
+  /**
+   * The wakeup watermark in force, in bytes (the configuration's, or half the data area).
+   */
+  uint32_t wakeup_bytes;
+  /**
+   * Frequency of the records' `tsc`, in kHz (0: unknown).
+   */
+  uint64_t tsc_khz;
+  /**
+   * Reserved, zero.
+   */
+  uint64_t _reserved0[4];
+} xenpmu_ring_info;
+
+/**
+ * The producer's cache line: written only by the hypervisor.
+ */
+typedef struct xenpmu_ring_producer {
+  /**
+   * Position after the last published record; stored with release semantics after the
+   * records it covers. Free-running, wraps at 2^64.
+   */
+  uint64_t head;
+  /**
+   * Sample records published since `XENPMU_OP_RING_INIT`.
+   */
+  uint64_t records;
+  /**
+   * Samples lost because the ring was full (each is also counted by a lost record).
+   */
+  uint64_t lost;
+  /**
+   * Samples withheld because the page's LVTPC was masked (they take a sequence number).
+   */
+  uint64_t withheld;
+  /**
+   * PMU VIRQs raised for the ring.
+   */
+  uint64_t wakeups;
+  /**
+   * Times the hypervisor found `xenpmu_ring_consumer.tail` impossible (ahead of the head, more than
+   * the data area behind it, or not 8-aligned): the ring then counts as full.
+   */
+  uint64_t bad_tail;
+  /**
+   * Reserved, zero.
+   */
+  uint64_t _reserved0[2];
+} xenpmu_ring_producer;
+
+/**
+ * The consumer's cache line: written only by the owner.
+ */
+typedef struct xenpmu_ring_consumer {
+  /**
+   * Position after the last record the owner has consumed; stored with release semantics
+   * after the owner's reads of those records.
+   */
+  uint64_t tail;
+  /**
+   * Reserved, zero.
+   */
+  uint64_t _reserved0[7];
+} xenpmu_ring_consumer;
+
+/**
+ * The control page of a ring area (4096 bytes).
+ */
+typedef struct xenpmu_ring_control {
+  /**
+   * The owner's configuration (bytes 0–255).
+   */
+  struct xenpmu_ring_config config;
+  /**
+   * The hypervisor's description (bytes 256–319).
+   */
+  struct xenpmu_ring_info info;
+  /**
+   * The producer's line (bytes 320–383).
+   */
+  struct xenpmu_ring_producer producer;
+  /**
+   * The consumer's line (bytes 384–447).
+   */
+  struct xenpmu_ring_consumer consumer;
+  /**
+   * Reserved, zero (bytes 448–4095).
+   */
+  uint64_t _reserved[456];
+} xenpmu_ring_control;
 
 
 
@@ -1578,5 +1925,105 @@ XENPMU_STATIC_ASSERT(offsetof(xenpmu_coverage_params, size) == 16, "offsetof(xen
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_coverage_params *)0)->size) == 4, "sizeof(xenpmu_coverage_params.size)");
 XENPMU_STATIC_ASSERT(offsetof(xenpmu_coverage_params, subop) == 20, "offsetof(xenpmu_coverage_params, subop)");
 XENPMU_STATIC_ASSERT(sizeof(((xenpmu_coverage_params *)0)->subop) == 4, "sizeof(xenpmu_coverage_params.subop)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_record_header) == 8, "sizeof(xenpmu_record_header)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_record_header, kind) == 0, "offsetof(xenpmu_record_header, kind)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_record_header *)0)->kind) == 2, "sizeof(xenpmu_record_header.kind)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_record_header, size) == 2, "offsetof(xenpmu_record_header, size)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_record_header *)0)->size) == 2, "sizeof(xenpmu_record_header.size)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_record_header, misc) == 4, "offsetof(xenpmu_record_header, misc)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_record_header *)0)->misc) == 4, "sizeof(xenpmu_record_header.misc)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_ring_sample) == 224, "sizeof(xenpmu_ring_sample)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_sample, header) == 0, "offsetof(xenpmu_ring_sample, header)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_sample *)0)->header) == 8, "sizeof(xenpmu_ring_sample.header)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_sample, sequence) == 8, "offsetof(xenpmu_ring_sample, sequence)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_sample *)0)->sequence) == 8, "sizeof(xenpmu_ring_sample.sequence)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_sample, tsc) == 16, "offsetof(xenpmu_ring_sample, tsc)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_sample *)0)->tsc) == 8, "sizeof(xenpmu_ring_sample.tsc)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_sample, identity) == 24, "offsetof(xenpmu_ring_sample, identity)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_sample *)0)->identity) == 16, "sizeof(xenpmu_ring_sample.identity)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_sample, overflowed) == 40, "offsetof(xenpmu_ring_sample, overflowed)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_sample *)0)->overflowed) == 8, "sizeof(xenpmu_ring_sample.overflowed)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_sample, chain_len) == 48, "offsetof(xenpmu_ring_sample, chain_len)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_sample *)0)->chain_len) == 4, "sizeof(xenpmu_ring_sample.chain_len)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_sample, chain_end) == 52, "offsetof(xenpmu_ring_sample, chain_end)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_sample *)0)->chain_end) == 4, "sizeof(xenpmu_ring_sample.chain_end)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_sample, regs) == 56, "offsetof(xenpmu_ring_sample, regs)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_sample *)0)->regs) == 168, "sizeof(xenpmu_ring_sample.regs)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_ring_lost) == 32, "sizeof(xenpmu_ring_lost)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_lost, header) == 0, "offsetof(xenpmu_ring_lost, header)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_lost *)0)->header) == 8, "sizeof(xenpmu_ring_lost.header)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_lost, lost) == 8, "offsetof(xenpmu_ring_lost, lost)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_lost *)0)->lost) == 8, "sizeof(xenpmu_ring_lost.lost)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_lost, sequence) == 16, "offsetof(xenpmu_ring_lost, sequence)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_lost *)0)->sequence) == 8, "sizeof(xenpmu_ring_lost.sequence)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_lost, tsc) == 24, "offsetof(xenpmu_ring_lost, tsc)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_lost *)0)->tsc) == 8, "sizeof(xenpmu_ring_lost.tsc)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_ring_config) == 256, "sizeof(xenpmu_ring_config)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_config, data_pages) == 0, "offsetof(xenpmu_ring_config, data_pages)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_config *)0)->data_pages) == 4, "sizeof(xenpmu_ring_config.data_pages)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_config, wakeup_bytes) == 4, "offsetof(xenpmu_ring_config, wakeup_bytes)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_config *)0)->wakeup_bytes) == 4, "sizeof(xenpmu_ring_config.wakeup_bytes)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_config, max_latency_us) == 8, "offsetof(xenpmu_ring_config, max_latency_us)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_config *)0)->max_latency_us) == 4, "sizeof(xenpmu_ring_config.max_latency_us)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_config, flags) == 12, "offsetof(xenpmu_ring_config, flags)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_config *)0)->flags) == 4, "sizeof(xenpmu_ring_config.flags)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_config, _reserved0) == 16, "offsetof(xenpmu_ring_config, _reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_config *)0)->_reserved0) == 48, "sizeof(xenpmu_ring_config._reserved0)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_config, period_gp) == 64, "offsetof(xenpmu_ring_config, period_gp)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_config *)0)->period_gp) == 64, "sizeof(xenpmu_ring_config.period_gp)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_config, period_fixed) == 128, "offsetof(xenpmu_ring_config, period_fixed)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_config *)0)->period_fixed) == 32, "sizeof(xenpmu_ring_config.period_fixed)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_config, _reserved1) == 160, "offsetof(xenpmu_ring_config, _reserved1)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_config *)0)->_reserved1) == 96, "sizeof(xenpmu_ring_config._reserved1)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_ring_info) == 64, "sizeof(xenpmu_ring_info)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, magic) == 0, "offsetof(xenpmu_ring_info, magic)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->magic) == 4, "sizeof(xenpmu_ring_info.magic)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, version_major) == 4, "offsetof(xenpmu_ring_info, version_major)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->version_major) == 2, "sizeof(xenpmu_ring_info.version_major)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, version_minor) == 6, "offsetof(xenpmu_ring_info, version_minor)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->version_minor) == 2, "sizeof(xenpmu_ring_info.version_minor)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, data_offset) == 8, "offsetof(xenpmu_ring_info, data_offset)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->data_offset) == 4, "sizeof(xenpmu_ring_info.data_offset)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, data_size) == 12, "offsetof(xenpmu_ring_info, data_size)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->data_size) == 4, "sizeof(xenpmu_ring_info.data_size)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, record_max) == 16, "offsetof(xenpmu_ring_info, record_max)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->record_max) == 4, "sizeof(xenpmu_ring_info.record_max)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, wakeup_bytes) == 20, "offsetof(xenpmu_ring_info, wakeup_bytes)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->wakeup_bytes) == 4, "sizeof(xenpmu_ring_info.wakeup_bytes)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, tsc_khz) == 24, "offsetof(xenpmu_ring_info, tsc_khz)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->tsc_khz) == 8, "sizeof(xenpmu_ring_info.tsc_khz)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_info, _reserved0) == 32, "offsetof(xenpmu_ring_info, _reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_info *)0)->_reserved0) == 32, "sizeof(xenpmu_ring_info._reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_ring_producer) == 64, "sizeof(xenpmu_ring_producer)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_producer, head) == 0, "offsetof(xenpmu_ring_producer, head)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_producer *)0)->head) == 8, "sizeof(xenpmu_ring_producer.head)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_producer, records) == 8, "offsetof(xenpmu_ring_producer, records)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_producer *)0)->records) == 8, "sizeof(xenpmu_ring_producer.records)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_producer, lost) == 16, "offsetof(xenpmu_ring_producer, lost)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_producer *)0)->lost) == 8, "sizeof(xenpmu_ring_producer.lost)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_producer, withheld) == 24, "offsetof(xenpmu_ring_producer, withheld)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_producer *)0)->withheld) == 8, "sizeof(xenpmu_ring_producer.withheld)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_producer, wakeups) == 32, "offsetof(xenpmu_ring_producer, wakeups)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_producer *)0)->wakeups) == 8, "sizeof(xenpmu_ring_producer.wakeups)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_producer, bad_tail) == 40, "offsetof(xenpmu_ring_producer, bad_tail)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_producer *)0)->bad_tail) == 8, "sizeof(xenpmu_ring_producer.bad_tail)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_producer, _reserved0) == 48, "offsetof(xenpmu_ring_producer, _reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_producer *)0)->_reserved0) == 16, "sizeof(xenpmu_ring_producer._reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_ring_consumer) == 64, "sizeof(xenpmu_ring_consumer)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_consumer, tail) == 0, "offsetof(xenpmu_ring_consumer, tail)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_consumer *)0)->tail) == 8, "sizeof(xenpmu_ring_consumer.tail)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_consumer, _reserved0) == 8, "offsetof(xenpmu_ring_consumer, _reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_consumer *)0)->_reserved0) == 56, "sizeof(xenpmu_ring_consumer._reserved0)");
+XENPMU_STATIC_ASSERT(sizeof(xenpmu_ring_control) == 4096, "sizeof(xenpmu_ring_control)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_control, config) == 0, "offsetof(xenpmu_ring_control, config)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_control *)0)->config) == 256, "sizeof(xenpmu_ring_control.config)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_control, info) == 256, "offsetof(xenpmu_ring_control, info)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_control *)0)->info) == 64, "sizeof(xenpmu_ring_control.info)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_control, producer) == 320, "offsetof(xenpmu_ring_control, producer)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_control *)0)->producer) == 64, "sizeof(xenpmu_ring_control.producer)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_control, consumer) == 384, "offsetof(xenpmu_ring_control, consumer)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_control *)0)->consumer) == 64, "sizeof(xenpmu_ring_control.consumer)");
+XENPMU_STATIC_ASSERT(offsetof(xenpmu_ring_control, _reserved) == 448, "offsetof(xenpmu_ring_control, _reserved)");
+XENPMU_STATIC_ASSERT(sizeof(((xenpmu_ring_control *)0)->_reserved) == 3648, "sizeof(xenpmu_ring_control._reserved)");
 
 #endif  /* XENPMU_H_HELPERS */

@@ -47,7 +47,7 @@ pub use bank::HwRecord;
 pub use filter::{EventList, EventMatch, FilterAction, ListFull};
 pub use msr::{CountingBus, Msr, MsrAccessStats, MsrBus, MsrFault};
 pub use platform::{
-    Diagnostic, Interrupted, Interruption, LvtpcDelivery, MapError, PageSlot, Platform,
+    Diagnostic, Interrupted, Interruption, LvtpcDelivery, MapError, PageSlot, Platform, RingSlot,
     SampledContext, VcpuId,
 };
 pub use pmi::PmiOutcome;

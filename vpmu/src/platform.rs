@@ -27,6 +27,11 @@ pub struct VcpuId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PageSlot(pub u64);
 
+/// A registered ring area (ABI 1.4: control page and data pages), as the platform identifies
+/// its mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RingSlot(pub u64);
+
 /// Why a guest frame could not be mapped as a shared page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapError {
@@ -264,6 +269,53 @@ pub trait Platform {
 
     /// Reports a guest-reachable diagnostic; the platform rate-limits it.
     fn diagnostic(&mut self, diagnostic: Diagnostic);
+
+    /// Whether the platform can map ring areas (`map_ring`, `ring_read`, `ring_write`). The
+    /// default, false, makes `XENPMU_OP_RING_INIT` and `_FINISH` answer `-EOPNOTSUPP`.
+    fn supports_ring(&self) -> bool {
+        false
+    }
+
+    /// Fills `out` from guest-physical `address` of `domain`'s RAM (the ring's configuration,
+    /// read once at `XENPMU_OP_RING_INIT`); false if any byte is not RAM of `domain`. Like
+    /// `with_page`, the bytes are a private copy: the guest changing them later changes
+    /// nothing the core read.
+    fn read_guest(&mut self, domain: u32, address: u64, out: &mut [u8]) -> bool {
+        let _ = (domain, address, out);
+        false
+    }
+
+    /// Maps `frames` guest-physically contiguous frames of `domain` from frame `gfn` (a ring
+    /// area: the control page and its data pages), all writable RAM of `domain`.
+    fn map_ring(&mut self, domain: u32, gfn: u64, frames: u32) -> Result<RingSlot, MapError> {
+        let _ = (domain, gfn, frames);
+        Err(MapError::InvalidFrame)
+    }
+
+    /// Unmaps a ring area mapped by `map_ring`.
+    fn unmap_ring(&mut self, slot: RingSlot) {
+        let _ = slot;
+    }
+
+    /// Copies `out.len()` bytes at byte `offset` of the ring area (0 = the control page's first
+    /// byte) into `out`; false if the slot is not mapped or the range leaves the area. The
+    /// core reads only the consumer's `tail`, one 8-byte read; the read must be one
+    /// single-copy-atomic 8-byte load when `out` is 8 bytes at an 8-aligned offset.
+    fn ring_read(&mut self, slot: RingSlot, offset: u32, out: &mut [u8]) -> bool {
+        let _ = (slot, offset, out);
+        false
+    }
+
+    /// Copies `data` to byte `offset` of the ring area; false if the slot is not mapped or the
+    /// range leaves the area (nothing written then). The core writes records, then the
+    /// producer's line with `head`; the platform must make each call's bytes visible to the
+    /// guest before the next call's (a release: on x86 plain stores in program order suffice,
+    /// with a compiler barrier), and write an 8-byte `data` at an 8-aligned offset with one
+    /// single-copy-atomic store.
+    fn ring_write(&mut self, slot: RingSlot, offset: u32, data: &[u8]) -> bool {
+        let _ = (slot, offset, data);
+        false
+    }
 
     /// Writes `data` into the memory of `caller`'s domain at guest-physical `address`, for
     /// the coverage read (`XENPMU_OP_COVERAGE`); false if any byte falls outside its RAM. The
