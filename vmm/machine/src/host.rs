@@ -102,6 +102,8 @@ pub(super) struct Host {
     pub(super) mailboxes: Vec<Mailbox>,
     signals: Vec<VcpuSignals>,
     pub(super) pages: PageTable,
+    /// The ring areas mapped for the core (ABI 1.4).
+    pub(super) rings: crate::ring::RingTable,
 }
 
 impl Host {
@@ -114,6 +116,7 @@ impl Host {
         Self {
             layout,
             pages: PageTable::new(&index.counts),
+            rings: crate::ring::RingTable::new(&index.counts),
             index,
             mailboxes: requests
                 .into_iter()

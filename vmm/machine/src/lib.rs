@@ -80,6 +80,7 @@ pub mod quirks;
 mod rdpmc;
 mod rendezvous;
 mod results;
+mod ring;
 mod runner;
 mod sched;
 pub mod symbols;

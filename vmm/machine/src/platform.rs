@@ -10,7 +10,7 @@ use vpmu::abi::{
 };
 use vpmu::{
     AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, Interruption, LvtpcDelivery,
-    MapError, PageSlot, Platform, SampledContext, VcpuId,
+    MapError, PageSlot, Platform, RingSlot, SampledContext, VcpuId,
 };
 use zerocopy::IntoBytes;
 
@@ -305,6 +305,50 @@ impl Platform for KvmPlatform<'_> {
         if let Some(vm) = self.vms.get(vcpu.domain as usize) {
             msi(vm, vcpu.vcpu, VIRQ_VECTOR);
         }
+    }
+
+    fn supports_ring(&self) -> bool {
+        true
+    }
+
+    fn read_guest(&mut self, domain: u32, address: u64, out: &mut [u8]) -> bool {
+        // One volatile copy: the core gets a private copy, read once.
+        self.vms
+            .get(domain as usize)
+            .is_some_and(|vm| vm.mem.read(address, out).is_ok())
+    }
+
+    fn map_ring(&mut self, domain: u32, gfn: u64, frames: u32) -> Result<RingSlot, MapError> {
+        let valid = self
+            .vms
+            .get(domain as usize)
+            .is_some_and(|vm| crate::ring::ring_frames_valid(&vm.mem, gfn, frames));
+        if !valid {
+            return Err(MapError::InvalidFrame);
+        }
+        self.host.rings.map(domain, gfn, frames)
+    }
+
+    fn unmap_ring(&mut self, slot: RingSlot) {
+        self.host.rings.unmap(slot);
+    }
+
+    fn ring_read(&mut self, slot: RingSlot, offset: u32, out: &mut [u8]) -> bool {
+        let Some((domain, gpa)) = self.host.rings.locate(slot, offset, out.len()) else {
+            return false;
+        };
+        self.vms
+            .get(domain as usize)
+            .is_some_and(|vm| crate::ring::read(&vm.mem, gpa, out))
+    }
+
+    fn ring_write(&mut self, slot: RingSlot, offset: u32, data: &[u8]) -> bool {
+        let Some((domain, gpa)) = self.host.rings.locate(slot, offset, data.len()) else {
+            return false;
+        };
+        self.vms
+            .get(domain as usize)
+            .is_some_and(|vm| crate::ring::write(&vm.mem, gpa, data))
     }
 
     fn write_guest(&mut self, caller: VcpuId, address: u64, data: &[u8]) -> bool {
