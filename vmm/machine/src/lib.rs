@@ -86,6 +86,7 @@ mod sched;
 pub mod symbols;
 #[cfg(test)]
 mod tests;
+pub mod timing;
 pub(crate) mod timed;
 pub mod translate;
 pub mod transport;

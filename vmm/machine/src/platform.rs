@@ -96,6 +96,10 @@ pub(super) struct PlatformState {
     /// Set while the PMIs raised by the VMM's own time are handled (hv mode): the VMM, not
     /// the guest, was interrupted.
     pub(super) hypervisor: Option<VmmActivity>,
+    /// Where the time of this vCPU's PMIs went (the core's PMI path, the kick's lateness).
+    pub(super) timing: crate::timing::PmiTiming,
+    /// The predicted overflow the timed source armed the current run's kick for.
+    pub(super) kick_deadline: Option<std::time::Instant>,
 }
 
 /// At most this many PMI contexts are kept per vCPU.

@@ -67,6 +67,8 @@ pub struct RunResult {
     /// has no CPUID to tell the guest), in the order first seen
     /// (`Personality::uncountable_event`).
     pub uncountable_events: Vec<u16>,
+    /// Where the time of this vCPU's PMIs went on the VMM's side (`timing`).
+    pub pmi_timing: crate::timing::PmiTiming,
 }
 
 /// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the

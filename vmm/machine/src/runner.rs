@@ -313,6 +313,7 @@ impl<'a, P: Personality> Runner<'a, P> {
         }
         result.elapsed = start.elapsed();
         result.pmis = self.state.pmis;
+        result.pmi_timing = self.state.timing;
         result.guest_ns = self.run_ns;
         result.halted_ns = self.halted_ns;
         result.vcpu = Some(self.me);
@@ -438,6 +439,7 @@ impl<'a, P: Personality> Runner<'a, P> {
                 }
                 Instant::now() + Duration::from_nanos(ns.min(u128::from(u64::MAX)) as u64)
             });
+            self.state.kick_deadline = overflow;
             let watchdog = start + timeout;
             let mut deadline = overflow.map_or(watchdog, |o| o.min(watchdog));
             if let Some(left) = time_left.filter(|_| !reading) {
@@ -712,10 +714,13 @@ impl<'a, P: Personality> Runner<'a, P> {
         if *p.platform.physical_masked || !p.pmu.hw_mut().take_pmi() {
             return Ok(());
         }
+        let entered = Instant::now();
         let outcome = p
             .shared
             .vpmu
             .handle_pmi(&mut p.platform, p.pmu, &p.shared.vcpus);
+        let late = crate::timing::lateness(p.platform.state.kick_deadline.take(), entered);
+        p.platform.state.timing.record(entered.elapsed(), late);
         if let Ok(o) = outcome {
             let delivered_to = match o {
                 PmiOutcome::Delivered { to, .. } => Some(to),

@@ -171,6 +171,7 @@ pub(super) fn run_shared<P: Personality>(
     for (result, runner) in results.iter_mut().zip(&runners) {
         result.elapsed = start.elapsed();
         result.pmis = runner.state.pmis;
+        result.pmi_timing = runner.state.timing;
         result.vcpu = Some(runner.me);
         result.guest_ns = runner.run_ns;
         result.halted_ns = runner.halted_ns;
