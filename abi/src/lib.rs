@@ -10,7 +10,8 @@
 //! * [`vendor`]: the Intel and AMD counter contexts, whose banks are found through offsets the
 //!   hypervisor writes.
 //! * [`ops`]: control-operation numbers, parameters, mode and feature bits, errors.
-//! * [`ring`]: the sample ring (1.4): control page, record layouts and their constants.
+//! * [`ring`]: the sample ring (1.4): control page, record layouts and their constants;
+//!   [`ring_reader`] checks a ring and reads its records, [`ring_encode`] writes them.
 //! * [`consumer`]: a checked view for the guest side; [`writer`]: helpers for the hypervisor.
 //! * [`layout`]: every struct and field with its size and offset, for generators and tests.
 //!
@@ -31,6 +32,8 @@ pub mod layout;
 pub mod ops;
 pub mod page;
 pub mod ring;
+pub mod ring_encode;
+pub mod ring_reader;
 pub mod transport;
 pub mod vendor;
 pub mod writer;
@@ -40,5 +43,7 @@ pub use error::*;
 pub use ops::*;
 pub use page::*;
 pub use ring::*;
+pub use ring_encode::{EncodeError, append_record, encode_lost, encode_pad, encode_sample};
+pub use ring_reader::*;
 pub use vendor::*;
 pub use writer::VendorLayout;
