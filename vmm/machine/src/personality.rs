@@ -190,6 +190,34 @@ pub fn cpuid_differences(asked: &CpuId, installed: &CpuId) -> Vec<String> {
         .collect()
 }
 
+/// CPUID.80000008H:EBX XSAVEERPTR (2): FXSAVE/XSAVE always save the x87 error pointers.
+const EXT8_EBX_XSAVEERPTR: u32 = 1 << 2;
+
+/// An AMD personality on an Intel host: Intel's FXSAVE always saves the x87 error pointers
+/// (FIP, FDP, FOP), so the hardware under the guest has what XSAVEERPTR promises, and the
+/// guest is told so. Without it Linux takes the guest for an AMD part with the FXSAVE leak
+/// (`X86_BUG_FXSAVE_LEAK`, set by `init_amd` when XSAVEERPTR is clear) and runs `fnclex;
+/// emms; fildl` in `restore_fpregs_from_fpstate` at every FPU restore: x87 instructions this
+/// host's KVM cannot emulate at CPL0 (`KVM_EXIT_INTERNAL_ERROR` at `fnclex`, seen on an Intel
+/// Xeon host). On an AMD host the host's own bit passes through unchanged.
+fn advertise_error_pointers_on_intel(cpuid: &mut CpuId) {
+    let host_is_intel = cpuid.as_slice().iter().any(|e| {
+        let (b, d, c) = vendor_words(b"GenuineIntel");
+        e.function == 0 && e.index == 0 && (e.ebx, e.ecx, e.edx) == (b, c, d)
+    });
+    if host_is_intel {
+        if cpuid
+            .as_slice()
+            .iter()
+            .any(|e| e.function == 0x8000_0008 && e.index == 0)
+        {
+            edit_leaf(cpuid, 0x8000_0008, |e| e.ebx |= EXT8_EBX_XSAVEERPTR);
+        } else {
+            set_leaf(cpuid, 0x8000_0008, 0, [0, EXT8_EBX_XSAVEERPTR, 0, 0]);
+        }
+    }
+}
+
 fn vendor_words(vendor: &[u8; 12]) -> (u32, u32, u32) {
     let w = |i: usize| u32::from_le_bytes([vendor[i], vendor[i + 1], vendor[i + 2], vendor[i + 3]]);
     (w(0), w(4), w(8))
@@ -379,6 +407,7 @@ impl Personality for Amd {
     }
 
     fn cpuid(&self, cpuid: &mut CpuId) {
+        advertise_error_pointers_on_intel(cpuid);
         let (b, d, c) = vendor_words(b"AuthenticAMD");
         edit_leaf(cpuid, 0, |e| (e.ebx, e.ecx, e.edx) = (b, c, d));
         hide_unusable(cpuid);
@@ -408,6 +437,25 @@ mod tests {
             .iter()
             .find(|e| e.function == function && e.index == 0)
             .copied()
+    }
+
+    #[test]
+    fn amd_on_an_intel_host_promises_the_error_pointers_intel_saves() {
+        let with_vendor = |vendor: &[u8; 12]| {
+            let mut c = base();
+            let (b, d, cx) = vendor_words(vendor);
+            edit_leaf(&mut c, 0, |e| (e.ebx, e.ecx, e.edx) = (b, cx, d));
+            c
+        };
+        let amd = Amd::perfmon_v2(Source::Timed);
+        let mut on_intel = with_vendor(b"GenuineIntel");
+        amd.cpuid(&mut on_intel);
+        let ext8 = leaf(&on_intel, 0x8000_0008).expect("leaf 0x80000008 added");
+        assert_ne!(ext8.ebx & EXT8_EBX_XSAVEERPTR, 0);
+        let mut on_amd = with_vendor(b"AuthenticAMD");
+        amd.cpuid(&mut on_amd);
+        let bit = leaf(&on_amd, 0x8000_0008).map_or(0, |e| e.ebx & EXT8_EBX_XSAVEERPTR);
+        assert_eq!(bit, 0, "an AMD host's own enumeration passes through");
     }
 
     fn base() -> CpuId {
