@@ -15,7 +15,7 @@ use crate::ring::{
 /// Why a record could not be encoded or appended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EncodeError {
-    /// The output is smaller than the record.
+    /// The output (or the whole data area) is smaller than the record.
     TooSmall {
         /// Bytes the record needs.
         need: usize,
@@ -171,12 +171,18 @@ pub fn append_record(
     if size % XENPMU_RECORD_ALIGN != 0 || !(XENPMU_RECORD_ALIGN..=MAX_RECORD).contains(&size) {
         return Err(EncodeError::BadSize { size });
     }
+    if size > data_size {
+        return Err(EncodeError::TooSmall {
+            need: size,
+            have: data_size,
+        });
+    }
     let offset = (head & (data_size as u64 - 1)) as usize;
     let rest = data_size - offset;
     let pad = if size > rest { rest } else { 0 };
     let need = (pad + size) as u64;
     let free = data_size as u64 - unread;
-    if need > free || size > data_size {
+    if need > free {
         return Err(EncodeError::Full { need, free });
     }
     if pad != 0 {

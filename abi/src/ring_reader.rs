@@ -568,3 +568,6 @@ impl Iterator for RingRecords<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
