@@ -19,6 +19,8 @@
 //!   and checks the machine against the prediction.
 //! * [`helpers`]: guest actions on a bare [`Machine`] for step-by-step suites.
 //! * [`corrupt`]: vendor areas each vendor's rules certainly refuse.
+//! * [`ring`]: the sample ring (ABI 1.4): the platform's ring services over guest memory, a
+//!   check of every record write against the unread bytes, and the guest's consumer.
 //! * [`snapshot`]: the observable state an operation that fails must leave unchanged.
 //! * [`strategies`]: proptest strategies for scenarios.
 #![deny(missing_docs)]
@@ -29,6 +31,7 @@ pub mod helpers;
 pub mod machine;
 pub mod plan;
 pub mod platform;
+pub mod ring;
 pub mod snapshot;
 pub mod strategies;
 pub mod truth;

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use vpmu::abi::{Page, Regs, XENPMU_PAGE_SIZE, XENPMU_REGS_MODE_64, XENPMU_REGS_MODE_HYPERVISOR};
 use vpmu::{
     AllowAll, CrossCpuRequest, Diagnostic, EventFilter, Interrupted, Interruption, LvtpcDelivery,
-    MapError, PageSlot, Platform, RawEvent, SampledContext, VcpuId,
+    MapError, PageSlot, Platform, RawEvent, RingSlot, SampledContext, VcpuId,
 };
 
 use zerocopy::IntoBytes;
@@ -99,6 +99,12 @@ pub struct SimPlatform {
     /// Every range the core asked `write_guest` to write (caller, guest-physical address,
     /// length), written or refused.
     pub guest_writes: Vec<(VcpuId, u64, usize)>,
+    /// Whether the platform offers sample rings (ABI 1.4; `supports_ring`).
+    pub ring_support: bool,
+    /// Mapped ring areas: slot → the area (`ring::RingMapping`).
+    pub rings: BTreeMap<u64, crate::ring::RingMapping>,
+    /// `ring_write` calls the core made (each one checked against the unread bytes).
+    pub ring_write_calls: u64,
 }
 
 impl SimPlatform {
@@ -154,6 +160,9 @@ impl SimPlatform {
             stacks,
             clock: 0,
             guest_writes: Vec::new(),
+            ring_support: true,
+            rings: BTreeMap::new(),
+            ring_write_calls: 0,
         }
     }
 
@@ -367,6 +376,31 @@ impl Platform for SimPlatform {
             at += take as u64;
         }
         true
+    }
+
+    fn supports_ring(&self) -> bool {
+        self.ring_support
+    }
+
+    fn read_guest(&mut self, domain: u32, address: u64, out: &mut [u8]) -> bool {
+        self.read_physical(domain, address, out)
+    }
+
+    fn map_ring(&mut self, domain: u32, gfn: u64, frames: u32) -> Result<RingSlot, MapError> {
+        self.map_ring_area(domain, gfn, frames)
+    }
+
+    fn unmap_ring(&mut self, slot: RingSlot) {
+        self.rings.remove(&slot.0);
+    }
+
+    fn ring_read(&mut self, slot: RingSlot, offset: u32, out: &mut [u8]) -> bool {
+        self.ring_access(slot, offset, out.len())
+            .is_some_and(|(domain, address)| self.read_physical(domain, address, out))
+    }
+
+    fn ring_write(&mut self, slot: RingSlot, offset: u32, data: &[u8]) -> bool {
+        self.write_ring_area(slot, offset, data)
     }
 
     fn diagnostic(&mut self, diagnostic: Diagnostic) {

@@ -1,10 +1,12 @@
 //! The control operations' privilege / argument / version matrix.
 //!
-//! Every operation number (0–7, plus 8 and `u32::MAX`) × caller (privileged, unprivileged) ×
+//! Every operation number (0–10, plus 11 and `u32::MAX`) × caller (privileged, unprivileged) ×
 //! `version.major` (1, 0, 2) × `_pad0` (0, non-zero) × `vcpu` (0, 1, out of range, `u32::MAX`)
 //! × the operation's interesting `val`s, in each of a set of machine states (vPMU unavailable;
 //! mode off; self with nothing in use, with pages, with an unprivileged MSR user, with samples
-//! cached; hv; all, with a sample cached; no room to map a page). The expected result comes
+//! cached; hv; all, with a sample cached; no room to map a page; self with a sample ring
+//! (ABI 1.4), with a second vCPU's page inside a ring area, and on a platform without ring
+//! support). The expected result comes
 //! from an oracle written from docs/abi.md alone: its check order (operation, version,
 //! privilege, arguments, state) and its per-operation error table. Every failing call must
 //! leave the whole observable state unchanged (`Snapshot`); every successful one must have its
@@ -14,15 +16,18 @@ use std::collections::BTreeMap;
 
 use vpmu::abi::ops::{CoverageParams, OpError, Params, XENPMU_COVERAGE_GET_SIZE};
 use vpmu::abi::{
-    PageView, XENPMU_FEATURE_ARCH_ONLY, XENPMU_FEATURE_INTEL_BTS, XENPMU_FEATURE_IPC_ONLY,
-    XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_MASK, XENPMU_MODE_OFF, XENPMU_MODE_SELF,
-    XENPMU_OP_COUNT, XENPMU_OP_COVERAGE, XENPMU_OP_FEATURE_GET, XENPMU_OP_FEATURE_SET,
-    XENPMU_OP_FINISH, XENPMU_OP_FLUSH, XENPMU_OP_INIT, XENPMU_OP_LVTPC_SET, XENPMU_OP_MODE_GET,
-    XENPMU_OP_MODE_SET, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
+    PageView, RingConfig, XENPMU_FEATURE_ARCH_ONLY, XENPMU_FEATURE_INTEL_BTS,
+    XENPMU_FEATURE_IPC_ONLY, XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_MASK, XENPMU_MODE_OFF,
+    XENPMU_MODE_SELF, XENPMU_OP_COUNT, XENPMU_OP_COVERAGE, XENPMU_OP_FEATURE_GET,
+    XENPMU_OP_FEATURE_SET, XENPMU_OP_FINISH, XENPMU_OP_FLUSH, XENPMU_OP_INIT, XENPMU_OP_LVTPC_SET,
+    XENPMU_OP_MODE_GET, XENPMU_OP_MODE_SET, XENPMU_OP_RING_FINISH, XENPMU_OP_RING_INIT,
+    XENPMU_RING_MAGIC, XENPMU_VERSION_MAJOR, XENPMU_VERSION_MINOR,
 };
 use vpmu::{PmiOutcome, VcpuId, VcpuState, Vpmu};
 use vpmu_sim::helpers::sampling;
+use vpmu_sim::ring::{RingGuest, config};
 use vpmu_sim::{Machine, SimVendor, Snapshot, amd_legacy, amd_v2, guest_frame, intel_v2, intel_v5};
+use zerocopy::{FromBytes, IntoBytes};
 
 const PRIVILEGED: VcpuId = VcpuId { domain: 0, vcpu: 0 };
 const GUEST: VcpuId = VcpuId { domain: 1, vcpu: 0 };
@@ -41,9 +46,25 @@ enum State {
     All,
     AllCached,
     NoMappingRoom,
+    /// Self mode; each domain's vCPU 0 has a page (frame 0) and a ring (`RING`), vCPU 1
+    /// nothing.
+    SelfRing,
+    /// `SelfRing`, and each domain's vCPU 1 has a page inside the area of `IN_USE`.
+    SelfRingPages,
+    /// `SelfRing` on a platform that then stops offering rings.
+    RingUnsupported,
 }
 
-const STATES: [State; 10] = [
+/// Frame indices (`guest_frame(domain, index)`) the ring states use: a ring registered there
+/// (1 data page); a valid configuration whose area holds `SelfRingPages`' vCPU 1 page; a
+/// valid configuration nothing uses; an invalid configuration (3 data pages); no RAM.
+const RING: u64 = 0x100;
+const IN_USE: u64 = 0x110;
+const FREE: u64 = 0x140;
+const BAD_CONFIG: u64 = 0x120;
+const NO_RAM: u64 = 0x130;
+
+const STATES: [State; 13] = [
     State::Unavailable,
     State::Off,
     State::SelfIdle,
@@ -54,6 +75,9 @@ const STATES: [State; 10] = [
     State::All,
     State::AllCached,
     State::NoMappingRoom,
+    State::SelfRing,
+    State::SelfRingPages,
+    State::RingUnsupported,
 ];
 
 /// `running` retires one kernel instruction on pCPU 0, which must deliver a sample to `to`.
@@ -75,6 +99,7 @@ fn build<V: SimVendor>(vendor: &V, state: State) -> Machine<V> {
         _ => XENPMU_MODE_SELF,
     };
     let domains = [VCPUS, VCPUS];
+    let valid = config(1, 0, 0, &[(false, 0, 1000)]);
     let mut m = if state == State::Unavailable {
         Machine::with_vpmu(
             vendor.clone(),
@@ -85,6 +110,23 @@ fn build<V: SimVendor>(vendor: &V, state: State) -> Machine<V> {
     } else {
         Machine::new(vendor.clone(), 2, &domains, mode)
     };
+    // Every state has the ring configurations in its guests' memory.
+    for domain in 0..2 {
+        for (index, config) in [
+            (RING, valid),
+            (IN_USE, valid),
+            (FREE, valid),
+            (
+                BAD_CONFIG,
+                RingConfig {
+                    data_pages: 3,
+                    ..valid
+                },
+            ),
+        ] {
+            RingGuest::prepare(&mut m.platform, domain, guest_frame(domain, index), &config);
+        }
+    }
     match state {
         State::SelfPages | State::HvPages => {
             m.register_page(PRIVILEGED);
@@ -111,6 +153,21 @@ fn build<V: SimVendor>(vendor: &V, state: State) -> Machine<V> {
             }
         }
         State::NoMappingRoom => m.platform.mapping_limit = 0,
+        State::SelfRing | State::SelfRingPages | State::RingUnsupported => {
+            for domain in 0..2 {
+                let id = VcpuId { domain, vcpu: 0 };
+                m.register_page(id);
+                let gfn = guest_frame(domain, RING);
+                let init = m.op(id, XENPMU_OP_RING_INIT, &Params::new(gfn, 0));
+                assert!(init.is_ok(), "{init:?}");
+                if state == State::SelfRingPages {
+                    let gfn = guest_frame(domain, IN_USE + 1);
+                    let init = m.op(id, XENPMU_OP_INIT, &Params::new(gfn, 1));
+                    assert!(init.is_ok(), "{init:?}");
+                }
+            }
+            m.platform.ring_support = state != State::RingUnsupported;
+        }
         State::Unavailable | State::Off | State::SelfIdle => {}
     }
     m
@@ -160,8 +217,12 @@ fn oracle<V: SimVendor>(
     if op == XENPMU_OP_COVERAGE {
         return coverage_oracle(state, caller == PRIVILEGED, p);
     }
-    // 1. Operation known, vPMU present.
-    if op > XENPMU_OP_FLUSH || state == State::Unavailable {
+    // 1. Operation known, vPMU present (and rings offered, for the ring operations).
+    if op > XENPMU_OP_RING_FINISH || state == State::Unavailable {
+        return Err(NotSupported);
+    }
+    let ring_op = matches!(op, XENPMU_OP_RING_INIT | XENPMU_OP_RING_FINISH);
+    if ring_op && state == State::RingUnsupported {
         return Err(NotSupported);
     }
     // 2. Version (mode_get is how a caller discovers it).
@@ -174,11 +235,15 @@ fn oracle<V: SimVendor>(
         return Err(NotPrivileged);
     }
     // 4. Arguments.
-    let takes_vcpu = matches!(op, XENPMU_OP_INIT | XENPMU_OP_FINISH);
+    let takes_vcpu = matches!(op, XENPMU_OP_INIT | XENPMU_OP_FINISH) || ring_op;
     if p._pad0 != 0 || (!takes_vcpu && p.vcpu != 0) {
         return Err(InvalidArgument);
     }
-    if matches!(op, XENPMU_OP_LVTPC_SET | XENPMU_OP_FLUSH) && p.val != 0 {
+    if matches!(
+        op,
+        XENPMU_OP_LVTPC_SET | XENPMU_OP_FLUSH | XENPMU_OP_RING_FINISH
+    ) && p.val != 0
+    {
         return Err(InvalidArgument);
     }
     let target = VcpuId {
@@ -230,13 +295,18 @@ fn oracle<V: SimVendor>(
                 return Err(AlreadyRegistered);
             }
             let frame = (caller.domain, p.val);
-            if m.platform.mappings.values().any(|&mapped| mapped == frame) {
+            let in_ring = m.platform.rings.values().any(|r| {
+                r.domain == caller.domain && (r.gfn..r.gfn + u64::from(r.frames)).contains(&p.val)
+            });
+            if m.platform.mappings.values().any(|&mapped| mapped == frame) || in_ring {
                 return Err(FrameInUse);
             }
             if m.platform.mappings.len() >= m.platform.mapping_limit {
                 return Err(MapFailed);
             }
         }
+        XENPMU_OP_RING_INIT => return ring_init_oracle(m, caller, target, p.val),
+        XENPMU_OP_RING_FINISH if m.vcpu(target).ring().is_none() => return Err(NoVpmu),
         XENPMU_OP_FINISH | XENPMU_OP_LVTPC_SET if !page => return Err(NoVpmu),
         XENPMU_OP_FLUSH => {
             if !page {
@@ -247,6 +317,74 @@ fn oracle<V: SimVendor>(
             }
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// RING_INIT's arguments and state, from docs/abi.md ("The operations" of the ring): the
+/// configuration, read from the guest's memory, then the frames; then no page, a ring
+/// already, the area in use (any page of the domain, another vCPU's ring), a sample cached.
+fn ring_init_oracle<V: SimVendor>(
+    m: &Machine<V>,
+    caller: VcpuId,
+    target: VcpuId,
+    gfn: u64,
+) -> Result<(), OpError> {
+    use OpError::*;
+    let Some(config) = m.platform.memory.get(&(caller.domain, gfn)).map(|page| {
+        RingConfig::read_from_prefix(page.as_bytes())
+            .expect("a page holds a configuration")
+            .0
+    }) else {
+        return Err(InvalidArgument);
+    };
+    let pages = config.data_pages;
+    let periods_valid = config.period_gp[1..].iter().all(|&p| p == 0)
+        && config.period_fixed.iter().all(|&p| p == 0)
+        && config.period_gp[0] < 1 << 31;
+    let valid = pages.is_power_of_two()
+        && pages <= 256
+        && config.wakeup_bytes <= pages * 4096
+        && config.flags == 0
+        && config
+            ._reserved0
+            .iter()
+            .chain(&config._reserved1)
+            .all(|&w| w == 0)
+        && periods_valid;
+    let area = gfn..gfn + 1 + u64::from(pages);
+    if !valid
+        || !area
+            .clone()
+            .all(|f| m.platform.memory.contains_key(&(caller.domain, f)))
+    {
+        return Err(InvalidArgument);
+    }
+    let vcpu = m.vcpu(target);
+    let has_vpmu = match m.vpmu.mode().to_abi() {
+        XENPMU_MODE_SELF | XENPMU_MODE_HV => true,
+        XENPMU_MODE_ALL => caller.domain == m.platform.privileged,
+        _ => false,
+    };
+    if !has_vpmu || vcpu.page().is_none() {
+        return Err(NoVpmu);
+    }
+    if vcpu.ring().is_some() {
+        return Err(AlreadyRegistered);
+    }
+    let page_in_area = m
+        .platform
+        .mappings
+        .values()
+        .any(|&(domain, frame)| domain == caller.domain && area.contains(&frame));
+    let ring_in_area = m.platform.rings.values().any(|r| {
+        r.domain == caller.domain && r.gfn < area.end && area.start < r.gfn + u64::from(r.frames)
+    });
+    if page_in_area || ring_in_area {
+        return Err(FrameInUse);
+    }
+    if matches!(vcpu.state(), VcpuState::Cached { .. }) {
+        return Err(Busy);
     }
     Ok(())
 }
@@ -276,9 +414,15 @@ fn values(op: u32, caller: VcpuId) -> Vec<u64> {
             guest_frame(caller.domain, 3),
             guest_frame(caller.domain, 0),
             guest_frame(1 - caller.domain, 3),
+            guest_frame(caller.domain, RING + 1),
             0,
         ],
-        XENPMU_OP_FINISH => vec![0, 7],
+        XENPMU_OP_RING_INIT => [RING, IN_USE, FREE, BAD_CONFIG, NO_RAM]
+            .map(|index| guest_frame(caller.domain, index))
+            .into_iter()
+            .chain([guest_frame(1 - caller.domain, FREE), u64::MAX])
+            .collect(),
+        XENPMU_OP_FINISH | XENPMU_OP_RING_FINISH => vec![0, 7],
         _ => vec![0, 1],
     }
 }
@@ -317,6 +461,19 @@ fn check_success<V: SimVendor>(
             assert_eq!(m.vcpu(target).state(), VcpuState::Allocated);
         }
         XENPMU_OP_FLUSH => assert!(!matches!(m.vcpu(caller).state(), VcpuState::Cached { .. })),
+        XENPMU_OP_RING_INIT => {
+            assert_eq!(m.vcpu(target).ring().map(|r| r.gfn), Some(p.val));
+            let ring = RingGuest {
+                domain: caller.domain,
+                gfn: p.val,
+                data_pages: 1,
+                tail: 0,
+            };
+            let control = ring.control(&m.platform);
+            assert_eq!(control.info.magic, XENPMU_RING_MAGIC);
+            assert_eq!((control.producer, control.consumer), Default::default());
+        }
+        XENPMU_OP_RING_FINISH => assert_eq!(m.vcpu(target).ring(), None),
         XENPMU_OP_COVERAGE => {
             // get_size: OUT size, at least a raw profile's 128-byte header.
             assert!(CoverageParams::from(*out).size >= 128, "{out:?}");
@@ -390,7 +547,7 @@ fn matrix<V: SimVendor>(vendor: V) -> BTreeMap<(u32, i64), usize> {
 fn assert_reached(tally: &BTreeMap<(u32, i64), usize>, amd: bool) {
     use OpError::*;
     let common = [NotSupported, VersionMismatch, InvalidArgument];
-    let per_op: [(u32, &[OpError]); 10] = [
+    let per_op: [(u32, &[OpError]); 12] = [
         (XENPMU_OP_MODE_GET, &[]),
         (XENPMU_OP_MODE_SET, &[NotPrivileged, Busy]),
         (XENPMU_OP_FEATURE_GET, &[]),
@@ -403,11 +560,16 @@ fn assert_reached(tally: &BTreeMap<(u32, i64), usize>, amd: bool) {
         (XENPMU_OP_LVTPC_SET, &[NoVpmu]),
         (XENPMU_OP_FLUSH, &[NoVpmu]),
         (XENPMU_OP_COVERAGE, &[]),
+        (
+            XENPMU_OP_RING_INIT,
+            &[NoVpmu, AlreadyRegistered, FrameInUse, Busy],
+        ),
+        (XENPMU_OP_RING_FINISH, &[NoVpmu]),
         (XENPMU_OP_COUNT, &[]),
     ];
     for (op, errors) in per_op {
         let mut wanted: Vec<Result<(), OpError>> = errors.iter().map(|e| Err(*e)).collect();
-        if op < XENPMU_OP_COVERAGE {
+        if op < XENPMU_OP_COVERAGE || op == XENPMU_OP_RING_INIT || op == XENPMU_OP_RING_FINISH {
             wanted.push(Ok(()));
             wanted.extend(common.iter().map(|e| Err(*e)));
         } else if op == XENPMU_OP_COVERAGE && coverage_built_in() {

@@ -4,8 +4,8 @@ use raw_cpuid::CpuIdReader;
 use vpmu::abi::{AmdBanks, VendorArea, VendorLayout, XENPMU_REFUSED_RESERVED};
 use vpmu::bank::{self, BankMap, HwRecord, SaveControls, StatusMsrs};
 use vpmu::{
-    ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
-    PmuCapabilities, PublishedImages,
+    ContextError, CounterIndex, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome,
+    Overflow, PmuBackend, PmuCapabilities, PublishedImages, RearmPeriods,
 };
 
 use crate::caps::{AmdCaps, EXT_CORE_BANK, EnumerationError, K7_BANK, Lookup};
@@ -72,7 +72,8 @@ impl AmdPmu {
         &self.caps
     }
 
-    fn bank(&self) -> &BankMap {
+    /// The counter bank.
+    pub(crate) fn bank(&self) -> &BankMap {
         &self.msr_banks[0]
     }
 
@@ -601,5 +602,19 @@ impl PmuBackend for AmdPmu {
             guest_policy,
             out,
         )
+    }
+
+    fn rearm_period_max(&self, counter: CounterIndex) -> Option<u64> {
+        self.period_max(counter)
+    }
+
+    fn rearm_overflowed<H: MsrBus>(
+        &self,
+        ctx: &mut AmdContext,
+        hw: &mut H,
+        overflowed: CounterSet,
+        periods: &RearmPeriods,
+    ) -> Result<(), MsrFault> {
+        self.rearm(ctx, hw, overflowed, periods)
     }
 }

@@ -105,6 +105,7 @@ mod caps;
 mod context;
 pub mod msrs;
 pub mod policy;
+mod rearm;
 
 pub use backend::{AmdPmu, BackendError};
 pub use caps::{

@@ -6,8 +6,8 @@ use raw_cpuid::CpuIdReader;
 use vpmu::abi::{IntelBanks, VendorArea, VendorLayout};
 use vpmu::bank::{BankMap, HwRecord};
 use vpmu::{
-    ContextError, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome, Overflow, PmuBackend,
-    PmuCapabilities, PublishedImages,
+    ContextError, CounterIndex, CounterSet, GuestPolicy, Msr, MsrBus, MsrFault, MsrOutcome,
+    Overflow, PmuBackend, PmuCapabilities, PublishedImages, RearmPeriods,
 };
 
 use crate::caps::{EnumerationError, IntelCaps};
@@ -183,5 +183,19 @@ impl PmuBackend for IntelPmu {
         out: &mut IntelContext,
     ) -> Result<(), ContextError> {
         self.read_page_into(area, saved, images, policy, out)
+    }
+
+    fn rearm_period_max(&self, counter: CounterIndex) -> Option<u64> {
+        self.period_max(counter)
+    }
+
+    fn rearm_overflowed<H: MsrBus>(
+        &self,
+        ctx: &mut IntelContext,
+        hw: &mut H,
+        overflowed: CounterSet,
+        periods: &RearmPeriods,
+    ) -> Result<(), MsrFault> {
+        self.rearm(ctx, hw, overflowed, periods)
     }
 }

@@ -114,6 +114,7 @@ pub mod events;
 pub mod msrs;
 mod page;
 mod policy;
+mod rearm;
 mod restrict;
 mod switch;
 

@@ -120,6 +120,90 @@ impl Iterator for Indices {
 
 impl ExactSizeIterator for Indices {}
 
+/// One counter of the PMU, by bank and index: what a re-arm period (ring, ABI 1.4) is given
+/// for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CounterIndex {
+    /// General-purpose counter `i` (Intel IA32_PMCi, AMD PERF_CTRi).
+    General(u32),
+    /// Intel fixed counter `i` (IA32_FIXED_CTRi).
+    Fixed(u32),
+}
+
+impl CounterIndex {
+    /// The counter as a one-element [`CounterSet`].
+    pub const fn set(self) -> CounterSet {
+        match self {
+            CounterIndex::General(index) => CounterSet::gp(index),
+            CounterIndex::Fixed(index) => CounterSet::fixed(index),
+        }
+    }
+}
+
+/// The re-arm periods of a ring (ABI 1.4, `xenpmu_ring_config`'s `period_gp` and
+/// `period_fixed`), as the ring's registration verified them: 0 means "not re-armed".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RearmPeriods {
+    /// General-purpose counter `i`'s period.
+    pub gp: [u64; vpmu_abi::XENPMU_RING_GP_PERIODS],
+    /// Fixed counter `i`'s period.
+    pub fixed: [u64; vpmu_abi::XENPMU_RING_FIXED_PERIODS],
+}
+
+impl RearmPeriods {
+    /// The period of the counter at [`CounterSet`] bit `bit` (0: none, or no such slot).
+    #[inline]
+    pub fn at_bit(&self, bit: u32) -> u64 {
+        if bit < CounterSet::FIXED_BASE {
+            self.gp.get(bit as usize).copied().unwrap_or(0)
+        } else {
+            self.fixed
+                .get((bit - CounterSet::FIXED_BASE) as usize)
+                .copied()
+                .unwrap_or(0)
+        }
+    }
+
+    /// The counters with a non-zero period.
+    pub fn armed(&self) -> CounterSet {
+        let gp = (0u32..)
+            .zip(&self.gp)
+            .filter(|&(_, &p)| p != 0)
+            .fold(0u64, |bits, (i, _)| bits | CounterSet::gp(i).0);
+        let fixed = (0u32..)
+            .zip(&self.fixed)
+            .filter(|&(_, &p)| p != 0)
+            .fold(0u64, |bits, (i, _)| bits | CounterSet::fixed(i).0);
+        CounterSet(gp | fixed)
+    }
+}
+
+/// The value a counter of width `width` bits is re-armed with after it overflowed with a
+/// re-arm `period` and counted `since_wrap` events past its wrap (Linux's
+/// `x86_perf_event_set_period`): `since_wrap - period` modulo 2^`width`, so that the events
+/// between the overflow and the PMI are carried into the next period. A counter that counted a
+/// whole period or more past its wrap (a skid longer than the period) keeps the phase:
+/// `since_wrap mod period - period`; the whole periods it skipped were never samples. A `period` of 0 leaves the value as it is.
+/// The one computation both vendors share; `period` is below 2^(`width` − 1).
+#[inline]
+pub const fn rearm_value(since_wrap: u64, period: u64, width: u8) -> u64 {
+    let mask = if width >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << width) - 1
+    };
+    if period == 0 {
+        // Not re-armed: the counter keeps counting from its wrapped value.
+        return since_wrap & mask;
+    }
+    let carried = if since_wrap < period {
+        since_wrap
+    } else {
+        since_wrap % period
+    };
+    carried.wrapping_sub(period) & mask
+}
+
 /// Why a vendor backend could not be built; `E` is the vendor's enumeration error. Both vendor
 /// crates name it `BackendError` (`vpmu_intel::BackendError`, `vpmu_amd::BackendError`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -517,6 +601,31 @@ pub trait PmuBackend {
         policy: &GuestPolicy<'_>,
         out: &mut Self::Context,
     ) -> Result<(), ContextError>;
+
+    /// The largest re-arm period a ring (ABI 1.4) may give `counter`: the largest *p* that a
+    /// guest's `wrmsr(counter, -p)` re-arms exactly on this PMU, by the same rule the WRMSR
+    /// validator applies (2^(*w*−1) − 1 for a counter of width *w*; 2^31 − 1 for an Intel
+    /// general-purpose counter without full-width writes, whose WRMSR sign-extends bit 31).
+    /// `None` when the PMU has no such counter. Every period from 1 to the answer is valid.
+    fn rearm_period_max(&self, counter: CounterIndex) -> Option<u64>;
+
+    /// Ring mode (ABI 1.4), at a PMI of the loaded `ctx` after
+    /// [`PmuBackend::handle_overflow`] found `overflowed`: re-arms, on the hardware, every
+    /// counter of `overflowed` with a non-zero period in `periods` to
+    /// [`rearm_value`]`(v, p, w)` (`v` what it counted since it wrapped, read now), through
+    /// the register that stores the value exactly; and takes `overflowed` out of the
+    /// context's virtual overflow status, since the hypervisor handled the overflow. The
+    /// context's own records stay consistent with the hardware (AMD without PerfMonV2: a
+    /// re-armed counter is armed again for overflow detection). `overflowed` may hold the
+    /// overflow an earlier save kept pending: the counter's saved value was loaded again and
+    /// is what it reads.
+    fn rearm_overflowed<H: MsrBus>(
+        &self,
+        ctx: &mut Self::Context,
+        hw: &mut H,
+        overflowed: CounterSet,
+        periods: &RearmPeriods,
+    ) -> Result<(), MsrFault>;
 }
 
 #[cfg(test)]

@@ -34,14 +34,17 @@ mod ops;
 pub mod platform;
 mod pmi;
 pub mod request;
+mod ring;
+mod ring_ops;
 mod state;
 mod switch;
 mod teardown;
 
 pub use crate::core::{CoreError, DetachRefused, Mode, PolicySnapshot, VcpuTable, Vpmu};
 pub use backend::{
-    AllowAll, BackendError, ContextError, CounterSet, EventFilter, GuestPolicy, Indices,
-    MsrOutcome, Overflow, PmuBackend, PmuCapabilities, PublishedImages, RawEvent, Vendor,
+    AllowAll, BackendError, ContextError, CounterIndex, CounterSet, EventFilter, GuestPolicy,
+    Indices, MsrOutcome, Overflow, PmuBackend, PmuCapabilities, PublishedImages, RawEvent,
+    RearmPeriods, Vendor, rearm_value,
 };
 pub use bank::HwRecord;
 pub use filter::{EventList, EventMatch, FilterAction, ListFull};
@@ -52,5 +55,6 @@ pub use platform::{
 };
 pub use pmi::PmiOutcome;
 pub use request::{ChangeRefused, Completion, CrossCpuRequest};
-pub use state::{PcpuPmu, SampleSource, SystemContext, VcpuPmu, VcpuState, VcpuStats};
+pub use ring::ProducerCounters;
+pub use state::{PcpuPmu, RingStatus, SampleSource, SystemContext, VcpuPmu, VcpuState, VcpuStats};
 pub use vpmu_abi as abi;

@@ -66,6 +66,11 @@ impl<B: PmuBackend> Vpmu<B> {
         if !self.available {
             return Err(OpError::NotSupported);
         }
+        // A platform that cannot map ring areas has no ring: step 1 too (a 1.4 driver falls
+        // back to the page).
+        if matches!(op, Op::RingInit | Op::RingFinish) && !platform.supports_ring() {
+            return Err(OpError::NotSupported);
+        }
         if op == Op::Coverage {
             // Its own block layout and checks (coverage.rs).
             return self
@@ -79,8 +84,8 @@ impl<B: PmuBackend> Vpmu<B> {
         if op.is_privileged() && caller.domain != platform.privileged_domain() {
             return Err(OpError::NotPrivileged);
         }
-        let takes_vcpu = matches!(op, Op::Init | Op::Finish);
-        let takes_no_val = matches!(op, Op::LvtpcSet | Op::Flush);
+        let takes_vcpu = matches!(op, Op::Init | Op::Finish | Op::RingInit | Op::RingFinish);
+        let takes_no_val = matches!(op, Op::LvtpcSet | Op::Flush | Op::RingFinish);
         if params._pad0 != 0
             || (!takes_vcpu && params.vcpu != 0)
             || (takes_no_val && params.val != 0)
@@ -113,8 +118,8 @@ impl<B: PmuBackend> Vpmu<B> {
             }
             // Returned above.
             Op::Coverage => return Err(OpError::NotSupported),
-            // TRANSITIONAL (replaced by the ring producer): no ring support yet.
-            Op::RingInit | Op::RingFinish => return Err(OpError::NotSupported),
+            Op::RingInit => self.ring_init(platform, vcpus, caller, params)?,
+            Op::RingFinish => self.ring_finish(platform, vcpus, caller, params)?,
             Op::Flush => vcpus
                 .visit(caller, |vcpu| self.flush(platform, pcpu, vcpu))
                 .unwrap_or(Err(OpError::InvalidArgument))?,
@@ -137,7 +142,7 @@ impl<B: PmuBackend> Vpmu<B> {
         Ok(())
     }
 
-    fn target<P: Platform>(
+    pub(crate) fn target<P: Platform>(
         &self,
         platform: &P,
         caller: VcpuId,
@@ -285,6 +290,8 @@ impl<B: PmuBackend> Vpmu<B> {
         let mut frame_in_use = false;
         vcpus.for_each_in_domain(caller.domain, &mut |v| {
             frame_in_use |= v.id != target && v.page.is_some_and(|p| p.gfn == gfn);
+            // 1.4: nor part of a ring (a ring area holds no page).
+            frame_in_use |= v.ring.as_ref().is_some_and(|r| r.overlaps(gfn, 1));
         });
         let claimed = target.domain != privileged;
         if claimed {

@@ -58,11 +58,11 @@ pub enum PmiOutcome {
 /// The sample to publish: who it is attributed to, the registers (borrowed from the
 /// interrupted state: a PMI through the LVTPC never copies them), and whose memory its call
 /// chain is read from.
-struct Sample<'r> {
-    domain_id: u32,
-    vcpu_id: u32,
-    regs: &'r Regs,
-    context: SampledContext,
+pub(crate) struct Sample<'r> {
+    pub(crate) domain_id: u32,
+    pub(crate) vcpu_id: u32,
+    pub(crate) regs: &'r Regs,
+    pub(crate) context: SampledContext,
 }
 
 /// A sample as it goes into the page: its identity and registers, and its details (ABI 1.2),
@@ -163,7 +163,12 @@ impl<B: PmuBackend> Vpmu<B> {
                 return;
             }
             let (mut bus, _) = pcpu.counted();
-            let overflow = self.backend.handle_overflow(&mut vcpu.ctx, &mut bus);
+            // With a ring the hypervisor re-arms what overflowed (ring.rs).
+            let periods = vcpu.ring.as_ref().map(|ring| &ring.periods);
+            let overflow = self
+                .backend
+                .handle_overflow(&mut vcpu.ctx, &mut bus)
+                .and_then(|o| self.rearm_for_ring(periods, &mut vcpu.ctx, &mut bus, o));
             vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
             result = match overflow {
                 Err(fault) => Err(fault.into()),
@@ -304,7 +309,7 @@ impl<B: PmuBackend> Vpmu<B> {
         true
     }
 
-    fn account(
+    pub(crate) fn account(
         &self,
         vcpu: &mut VcpuPmu<B::Context>,
         delivered: bool,
@@ -334,6 +339,10 @@ impl<B: PmuBackend> Vpmu<B> {
         sample: &Sample,
         overflow: Overflow,
     ) -> Result<bool, CoreError> {
+        if vcpu.ring.is_some() {
+            // A record in the ring; the counters keep running (ring.rs).
+            return Ok(self.ring_publish(platform, pcpu, vcpu, sample, overflow));
+        }
         let Some(page) = vcpu.page.as_mut() else {
             return Ok(false);
         };
@@ -367,7 +376,7 @@ impl<B: PmuBackend> Vpmu<B> {
         Ok(true)
     }
 
-    fn identity<P: Platform>(
+    pub(crate) fn identity<P: Platform>(
         &self,
         platform: &P,
         receiver: VcpuId,
@@ -438,6 +447,10 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         profiler: &mut VcpuPmu<B::Context>,
     ) -> Result<PmiOutcome, CoreError> {
+        if profiler.ring.is_some() && self.system_drop(profiler).is_none() {
+            // A record in the profiler's ring; the counters keep running (ring.rs).
+            return self.ring_system_sample(platform, pcpu, profiler);
+        }
         if let Some(dropped) = self.system_drop(profiler) {
             return self.system_unpublished(platform, pcpu, profiler, dropped);
         }
@@ -445,14 +458,9 @@ impl<B: PmuBackend> Vpmu<B> {
         // are copied once more, into the page, and nowhere else.
         platform.interrupted_into(pcpu.index, &mut pcpu.interrupted);
         let interrupted = &pcpu.interrupted;
-        if let Interrupted::Guest { vcpu, .. } = interrupted {
-            if vcpu.domain >= XENPMU_DOMID_FIRST_RESERVED {
-                // An integrator's domain id in the reserved range would read as DOMID_SELF,
-                // DOMID_HYPERVISOR or a future special id: a sample that cannot be attributed
-                // honestly is dropped, never published under a false identity.
-                return self.system_unpublished(platform, pcpu, profiler, Dropped::Recorded);
-            }
-        }
+        let Some(sample) = Self::system_sample_of(profiler.id, interrupted) else {
+            return self.system_unpublished(platform, pcpu, profiler, Dropped::Recorded);
+        };
         let SystemContext::Loaded { profiler: owner } = pcpu.system else {
             return Ok(PmiOutcome::Spurious);
         };
@@ -479,24 +487,6 @@ impl<B: PmuBackend> Vpmu<B> {
         page.samples += 1;
         let page = *page;
         let here = pcpu.index;
-        let sample = match interrupted {
-            Interrupted::Guest { vcpu, regs } => Sample {
-                domain_id: if *vcpu == profiler.id {
-                    XENPMU_DOMID_SELF
-                } else {
-                    vcpu.domain
-                },
-                vcpu_id: vcpu.vcpu,
-                regs,
-                context: SampledContext::Guest(*vcpu),
-            },
-            Interrupted::Hypervisor { regs, on_behalf_of } => Sample {
-                domain_id: XENPMU_DOMID_HYPERVISOR,
-                vcpu_id: on_behalf_of.map_or(0, |(id, _)| id.vcpu),
-                regs,
-                context: SampledContext::Hypervisor,
-            },
-        };
         let identity = self.identity(platform, profiler.id, here, &sample);
         let details = sample_details(
             platform,
@@ -532,6 +522,37 @@ impl<B: PmuBackend> Vpmu<B> {
         Ok(self.account(profiler, true, overflow))
     }
 
+    /// The sample an all-mode PMI that interrupted `interrupted` gives `profiler`; `None` if
+    /// the sampled domain cannot be named: an integrator's domain id in the reserved range
+    /// would read as DOMID_SELF, DOMID_HYPERVISOR or a future special id, and a sample that
+    /// cannot be attributed honestly is dropped, never published under a false identity.
+    pub(crate) fn system_sample_of(
+        profiler: VcpuId,
+        interrupted: &Interrupted,
+    ) -> Option<Sample<'_>> {
+        Some(match interrupted {
+            Interrupted::Guest { vcpu, .. } if vcpu.domain >= XENPMU_DOMID_FIRST_RESERVED => {
+                return None;
+            }
+            Interrupted::Guest { vcpu, regs } => Sample {
+                domain_id: if *vcpu == profiler {
+                    XENPMU_DOMID_SELF
+                } else {
+                    vcpu.domain
+                },
+                vcpu_id: vcpu.vcpu,
+                regs,
+                context: SampledContext::Guest(*vcpu),
+            },
+            Interrupted::Hypervisor { regs, on_behalf_of } => Sample {
+                domain_id: XENPMU_DOMID_HYPERVISOR,
+                vcpu_id: on_behalf_of.map_or(0, |(id, _)| id.vcpu),
+                regs,
+                context: SampledContext::Hypervisor,
+            },
+        })
+    }
+
     /// A system-wide PMI that is not published: the counters keep running; the overflow is
     /// recorded in the context's virtual status and acknowledged, and a due one is dropped.
     fn system_unpublished<P: Platform, H: MsrBus>(
@@ -551,12 +572,12 @@ impl<B: PmuBackend> Vpmu<B> {
     }
 
     /// `overflow` if a PMI is due for it (something overflowed with its interrupt enabled).
-    fn due(overflow: Overflow) -> Option<Overflow> {
+    pub(crate) fn due(overflow: Overflow) -> Option<Overflow> {
         (!overflow.counters.is_empty() && overflow.interrupt).then_some(overflow)
     }
 
     /// The outcome of a PMI for which none is due.
-    fn not_due(overflow: Overflow) -> PmiOutcome {
+    pub(crate) fn not_due(overflow: Overflow) -> PmiOutcome {
         if overflow.counters.is_empty() {
             PmiOutcome::Spurious
         } else {

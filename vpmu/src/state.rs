@@ -7,7 +7,8 @@ use crate::backend::{Overflow, PublishedImages};
 use crate::bank::HwRecord;
 use crate::core::{Mode, PolicySnapshot};
 use crate::msr::{CountingBus, MsrAccessStats, MsrBus};
-use crate::platform::{Interrupted, PageSlot, VcpuId};
+use crate::platform::{Interrupted, PageSlot, RingSlot, VcpuId};
+use crate::ring::{ProducerCounters, RecordBuffer, Ring};
 
 /// Where the sample cached in a vCPU's page came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,6 +192,8 @@ pub struct VcpuPmu<C> {
     /// When this vCPU's intercepts may skip the entry checks (see `intercept.rs`).
     pub(crate) fast: FastIntercepts,
     pub(crate) page: Option<SharedPage>,
+    /// The registered sample ring (ABI 1.4), if any: samples go there instead of the page.
+    pub(crate) ring: Option<Ring>,
     /// The page path's virtual LVTPC mask, as last applied by lvtpc_set or flush.
     pub(crate) page_lvtpc_masked: bool,
     pub(crate) running_on: Option<u32>,
@@ -234,6 +237,7 @@ impl<C> VcpuPmu<C> {
             validated: 0,
             fast: FastIntercepts::NONE,
             page: None,
+            ring: None,
             page_lvtpc_masked: true,
             running_on: None,
             pending_pmi: None,
@@ -269,6 +273,17 @@ impl<C> VcpuPmu<C> {
         self.page.map(|p| p.slot)
     }
 
+    /// The registered sample ring (ABI 1.4), as the producer keeps it.
+    pub fn ring(&self) -> Option<RingStatus> {
+        self.ring.as_ref().map(|ring| RingStatus {
+            slot: ring.slot,
+            gfn: ring.gfn,
+            head: ring.head,
+            counters: ring.counters,
+            pending_lost: ring.pending_lost.map_or(0, |p| p.count),
+        })
+    }
+
     /// The pCPU it is scheduled on, if any.
     pub fn running_on(&self) -> Option<u32> {
         self.running_on
@@ -289,6 +304,21 @@ impl<C> VcpuPmu<C> {
     pub fn in_use(&self) -> bool {
         self.state != VcpuState::Allocated || self.page.is_some()
     }
+}
+
+/// A registered sample ring as the producer keeps it (never read back from the guest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingStatus {
+    /// The platform's mapping of the ring area.
+    pub slot: RingSlot,
+    /// The control page's guest frame.
+    pub gfn: u64,
+    /// The producer's head: where the next record goes.
+    pub head: u64,
+    /// The producer's counters, as last written to the control page.
+    pub counters: ProducerCounters,
+    /// Samples lost and not yet reported by a lost record.
+    pub pending_lost: u64,
 }
 
 /// Where a pCPU's system-wide context is (all mode): the privileged profiler's counters on
@@ -349,6 +379,9 @@ pub struct PcpuPmu<C, H> {
     /// Hypervisor state, like the rest of this structure: never shown to a guest but through
     /// a sample the core publishes.
     pub(crate) interrupted: Interrupted,
+    /// Where a ring sample's record is built before its one write into the ring (ABI 1.4):
+    /// 736 bytes, the largest record.
+    pub(crate) ring_record: RecordBuffer,
 }
 
 impl<C, H: MsrBus> PcpuPmu<C, H> {
@@ -376,6 +409,7 @@ impl<C, H: MsrBus> PcpuPmu<C, H> {
                 regs: Regs::default(),
                 on_behalf_of: None,
             },
+            ring_record: RecordBuffer::new(),
         }
     }
 

@@ -402,6 +402,16 @@ impl<B: PmuBackend> Vpmu<B> {
             return Ok(());
         }
         vcpu.stats.pmis_kept_pending += 1;
+        if let Some(ring) = vcpu.ring.as_ref() {
+            // Ring mode: the save acknowledged the overflow and the load put the wrapped value
+            // back; the hypervisor re-arms it now, as at a PMI.
+            if vcpu.state == (VcpuState::Loaded { pcpu: pcpu.index }) {
+                let (mut bus, _) = pcpu.counted();
+                let periods = Some(&ring.periods);
+                self.rearm_for_ring(periods, &mut vcpu.ctx, &mut bus, overflow)?;
+                vcpu.stats.hw_msr = vcpu.stats.hw_msr + bus.stats();
+            }
+        }
         // The guest takes the interrupt where it resumes (KVM injects a pending PMI at entry):
         // that is the sample. A platform that cannot tell has the PMI dropped and counted.
         let interrupted = match (platform.resume_regs(vcpu.id), vcpu.page) {

@@ -104,6 +104,10 @@ impl<B: PmuBackend> Vpmu<B> {
         if let Some(page) = vcpu.page.take() {
             platform.unmap_page(page.slot);
         }
+        // The ring goes with the page (FINISH, or the domain destroyed).
+        if let Some(ring) = vcpu.ring.take() {
+            platform.unmap_ring(ring.slot);
+        }
         vcpu.ctx = self.backend.new_context();
         vcpu.state = VcpuState::Allocated;
         vcpu.page_lvtpc_masked = true;
