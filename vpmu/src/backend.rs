@@ -9,6 +9,7 @@ use vpmu_abi::{VendorArea, VendorLayout};
 
 use crate::bank::HwRecord;
 use crate::msr::{Msr, MsrBus, MsrFault};
+pub use crate::rearm::{CounterIndex, RearmPeriods, rearm_value};
 
 /// Which vendor's PMU a backend drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -119,90 +120,6 @@ impl Iterator for Indices {
 }
 
 impl ExactSizeIterator for Indices {}
-
-/// One counter of the PMU, by bank and index: what a re-arm period (ring, ABI 1.4) is given
-/// for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CounterIndex {
-    /// General-purpose counter `i` (Intel IA32_PMCi, AMD PERF_CTRi).
-    General(u32),
-    /// Intel fixed counter `i` (IA32_FIXED_CTRi).
-    Fixed(u32),
-}
-
-impl CounterIndex {
-    /// The counter as a one-element [`CounterSet`].
-    pub const fn set(self) -> CounterSet {
-        match self {
-            CounterIndex::General(index) => CounterSet::gp(index),
-            CounterIndex::Fixed(index) => CounterSet::fixed(index),
-        }
-    }
-}
-
-/// The re-arm periods of a ring (ABI 1.4, `xenpmu_ring_config`'s `period_gp` and
-/// `period_fixed`), as the ring's registration verified them: 0 means "not re-armed".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct RearmPeriods {
-    /// General-purpose counter `i`'s period.
-    pub gp: [u64; vpmu_abi::XENPMU_RING_GP_PERIODS],
-    /// Fixed counter `i`'s period.
-    pub fixed: [u64; vpmu_abi::XENPMU_RING_FIXED_PERIODS],
-}
-
-impl RearmPeriods {
-    /// The period of the counter at [`CounterSet`] bit `bit` (0: none, or no such slot).
-    #[inline]
-    pub fn at_bit(&self, bit: u32) -> u64 {
-        if bit < CounterSet::FIXED_BASE {
-            self.gp.get(bit as usize).copied().unwrap_or(0)
-        } else {
-            self.fixed
-                .get((bit - CounterSet::FIXED_BASE) as usize)
-                .copied()
-                .unwrap_or(0)
-        }
-    }
-
-    /// The counters with a non-zero period.
-    pub fn armed(&self) -> CounterSet {
-        let gp = (0u32..)
-            .zip(&self.gp)
-            .filter(|&(_, &p)| p != 0)
-            .fold(0u64, |bits, (i, _)| bits | CounterSet::gp(i).0);
-        let fixed = (0u32..)
-            .zip(&self.fixed)
-            .filter(|&(_, &p)| p != 0)
-            .fold(0u64, |bits, (i, _)| bits | CounterSet::fixed(i).0);
-        CounterSet(gp | fixed)
-    }
-}
-
-/// The value a counter of width `width` bits is re-armed with after it overflowed with a
-/// re-arm `period` and counted `since_wrap` events past its wrap (Linux's
-/// `x86_perf_event_set_period`): `since_wrap - period` modulo 2^`width`, so that the events
-/// between the overflow and the PMI are carried into the next period. A counter that counted a
-/// whole period or more past its wrap (a skid longer than the period) keeps the phase:
-/// `since_wrap mod period - period`; the whole periods it skipped were never samples. A `period` of 0 leaves the value as it is.
-/// The one computation both vendors share; `period` is below 2^(`width` − 1).
-#[inline]
-pub const fn rearm_value(since_wrap: u64, period: u64, width: u8) -> u64 {
-    let mask = if width >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << width) - 1
-    };
-    if period == 0 {
-        // Not re-armed: the counter keeps counting from its wrapped value.
-        return since_wrap & mask;
-    }
-    let carried = if since_wrap < period {
-        since_wrap
-    } else {
-        since_wrap % period
-    };
-    carried.wrapping_sub(period) & mask
-}
 
 /// Why a vendor backend could not be built; `E` is the vendor's enumeration error. Both vendor
 /// crates name it `BackendError` (`vpmu_intel::BackendError`, `vpmu_amd::BackendError`).

@@ -33,6 +33,7 @@ pub mod msr;
 mod ops;
 pub mod platform;
 mod pmi;
+mod rearm;
 pub mod request;
 mod ring;
 mod ring_ops;
