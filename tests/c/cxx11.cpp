@@ -1,7 +1,7 @@
 // A C++11 consumer of abi/include/xenpmu.h, built by tests/tests/header_builds.rs with
 // `g++ -std=c++11 -Wall -Wextra -Werror -pedantic` at -m32 and -m64 and run: it fills pages
 // the way a hypervisor would and reads them back through every helper, the version 1.2 sample
-// details included. Exits 0 and prints "ok" when every check holds.
+// details and the 1.4 ring helpers included. Exits 0 and prints "ok" when every check holds.
 #include <cstdio>
 #include <cstring>
 
@@ -182,6 +182,77 @@ void flush_refusal()
     expect("intel verdict of another major", xenpmu_intel_verdict(&page, &ctxt), XENPMU_CHECK_MAJOR_MISMATCH);
 }
 
+
+// The sample ring (1.4): a one-page ring holding, from offset 3584, a sample with a 3-entry
+// chain, a lost record and a PAD to the end, read back through every ring helper.
+void ring()
+{
+    static unsigned char area[XENPMU_RING_CONTROL_SIZE + XENPMU_RING_PAGE_SIZE] alignas(4096);
+    std::memset(area, 0, sizeof(area));
+    xenpmu_ring_control *ctl = reinterpret_cast<xenpmu_ring_control *>(area);
+    unsigned char *data = area + XENPMU_RING_CONTROL_SIZE;
+    expect("zeroed ring refused", static_cast<unsigned>(xenpmu_ring_info_check(ctl)),
+           XENPMU_CHECK_RING_BAD_MAGIC);
+    expect("refused ring: errno", static_cast<unsigned>(xenpmu_verdict_errno(XENPMU_CHECK_RING_BAD_MAGIC)),
+           static_cast<unsigned>(-XENPMU_EPROTONOSUPPORT));
+    ctl->info.magic = XENPMU_RING_MAGIC;
+    ctl->info.version_major = XENPMU_VERSION_MAJOR;
+    ctl->info.version_minor = XENPMU_VERSION_MINOR;
+    ctl->info.data_offset = XENPMU_RING_CONTROL_SIZE;
+    ctl->info.data_size = XENPMU_RING_PAGE_SIZE;
+    ctl->info.record_max = XENPMU_RECORD_MAX;
+    ctl->info.wakeup_bytes = XENPMU_RING_PAGE_SIZE / 2;
+    expect("ring info", static_cast<unsigned>(xenpmu_ring_info_check(ctl)), 0);
+    expect("ring data", xenpmu_ring_data(ctl) == data, 1);
+
+    xenpmu_ring_sample sample;
+    std::memset(&sample, 0, sizeof(sample));
+    sample.header.kind = XENPMU_RECORD_SAMPLE;
+    sample.header.size = XENPMU_RING_SAMPLE_SIZE + 3 * 8;
+    sample.sequence = 41;
+    sample.chain_len = 3;
+    sample.regs.rip = 0xffffffff81000000ull;
+    std::memcpy(data + 3584, &sample, sizeof(sample));
+    for (uint64_t i = 0; i < 3; i++)
+        std::memcpy(data + 3584 + XENPMU_RING_SAMPLE_SIZE + 8 * i, &i, 8);
+    xenpmu_ring_lost lost;
+    std::memset(&lost, 0, sizeof(lost));
+    lost.header.kind = XENPMU_RECORD_LOST;
+    lost.header.size = sizeof(lost);
+    lost.lost = 2;
+    lost.sequence = 43;
+    std::memcpy(data + 3832, &lost, sizeof(lost));
+    xenpmu_record_header pad = { XENPMU_RECORD_PAD, XENPMU_RING_PAGE_SIZE - 3864, 0 };
+    std::memcpy(data + 3864, &pad, sizeof(pad));
+    ctl->consumer.tail = 3584;
+    ctl->producer.head = XENPMU_RING_PAGE_SIZE;
+
+    uint64_t head = xenpmu_ring_head_acquire(ctl), tail = ctl->consumer.tail;
+    const xenpmu_record_header *rec = nullptr;
+    uint64_t chain[XENPMU_CALLCHAIN_MAX];
+    expect("head", head, XENPMU_RING_PAGE_SIZE);
+    expect("first record", static_cast<unsigned>(xenpmu_ring_next(data, XENPMU_RING_PAGE_SIZE, XENPMU_RECORD_MAX, tail, head, &rec)), 0);
+    expect("a sample", static_cast<unsigned>(xenpmu_ring_sample_get(rec, &sample, chain, 2)), 2);
+    expect("its sequence", sample.sequence, 41);
+    expect("its chain", chain[1], 1);
+    expect("not a lost record", static_cast<unsigned>(xenpmu_ring_lost_get(rec, &lost)),
+           static_cast<unsigned>(-XENPMU_EINVAL));
+    tail += rec->size;
+    expect("second record", static_cast<unsigned>(xenpmu_ring_next(data, XENPMU_RING_PAGE_SIZE, XENPMU_RECORD_MAX, tail, head, &rec)), 0);
+    expect("a lost record", static_cast<unsigned>(xenpmu_ring_lost_get(rec, &lost)), 0);
+    expect("its count", lost.lost, 2);
+    tail += rec->size;
+    expect("third record", static_cast<unsigned>(xenpmu_ring_next(data, XENPMU_RING_PAGE_SIZE, XENPMU_RECORD_MAX, tail, head, &rec)), 0);
+    expect("a PAD", rec->kind, XENPMU_RECORD_PAD);
+    tail += rec->size;
+    expect("then empty", static_cast<unsigned>(xenpmu_ring_next(data, XENPMU_RING_PAGE_SIZE, XENPMU_RECORD_MAX, tail, head, &rec)),
+           XENPMU_RING_EMPTY);
+    xenpmu_ring_tail_release(ctl, tail);
+    expect("tail stored", ctl->consumer.tail, XENPMU_RING_PAGE_SIZE);
+    expect("tail ahead refused", static_cast<unsigned>(xenpmu_ring_next(data, XENPMU_RING_PAGE_SIZE, XENPMU_RECORD_MAX, tail + 8, head, &rec)),
+           XENPMU_CHECK_RING_TAIL_AHEAD);
+}
+
 } // namespace
 
 int main()
@@ -193,6 +264,7 @@ int main()
     intel();
     amd();
     flush_refusal();
+    ring();
     if (failures != 0)
         return 1;
     std::puts("ok");

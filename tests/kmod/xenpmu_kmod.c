@@ -3,7 +3,8 @@
  * A Linux kernel module that consumes the xenpmu page through abi/include/xenpmu.h, built by
  * tests/tests/header_builds.rs with Kbuild (-nostdinc, the kernel's own types and warnings,
  * -Werror) to prove the header builds where guest kernels build. It is never loaded: what
- * matters is that every helper and every version 1.2 field compiles in a kernel build.
+ * matters is that every helper (the 1.4 ring's included) and every version 1.2 field compiles
+ * in a kernel build.
  */
 #include <linux/module.h>
 #include <linux/init.h>
@@ -90,6 +91,43 @@ static int xenpmu_kmod_rearm(xenpmu_page *page)
 	return xenpmu_bank_check(XENPMU_VENDOR_CTXT_SIZE, 0, 8);
 }
 
+/* The sample ring (1.4), as a VIRQ handler drains it: every ring helper, including the
+ * 64-bit head acquire and tail release. */
+static struct {
+	xenpmu_ring_control control;
+	unsigned char data[XENPMU_RING_PAGE_SIZE];
+} xenpmu_kmod_ring_area __aligned(4096);
+
+static int xenpmu_kmod_ring(xenpmu_ring_control *ctl)
+{
+	const unsigned char *data = xenpmu_ring_data(ctl);
+	const xenpmu_record_header *rec;
+	xenpmu_ring_sample sample;
+	xenpmu_ring_lost lost;
+	uint64_t chain[XENPMU_CALLCHAIN_MAX];
+	uint64_t head, tail;
+	int ret = xenpmu_ring_info_check(ctl);
+
+	if (ret)
+		return xenpmu_verdict_errno(ret);
+	head = xenpmu_ring_head_acquire(ctl);
+	tail = ctl->consumer.tail;
+	while (!(ret = xenpmu_ring_next(data, ctl->info.data_size, ctl->info.record_max, tail, head,
+					&rec))) {
+		if (rec->kind == XENPMU_RECORD_SAMPLE && xenpmu_ring_sample_get(rec, &sample, chain,
+									   XENPMU_CALLCHAIN_MAX) >= 0)
+			pr_info("xenpmu: ring sample %llu rip %llx\n",
+				(unsigned long long)sample.sequence, (unsigned long long)sample.regs.rip);
+		else if (rec->kind == XENPMU_RECORD_LOST && !xenpmu_ring_lost_get(rec, &lost))
+			pr_info("xenpmu: %llu samples lost\n", (unsigned long long)lost.lost);
+		tail += rec->size;
+	}
+	if (ret != XENPMU_RING_EMPTY)
+		tail = head; /* corrupt: resynchronize */
+	xenpmu_ring_tail_release(ctl, tail);
+	return ret == XENPMU_RING_EMPTY ? 0 : xenpmu_verdict_errno(ret);
+}
+
 static int __init xenpmu_kmod_init(void)
 {
 	BUILD_BUG_ON(sizeof(xenpmu_page) != XENPMU_PAGE_SIZE);
@@ -97,7 +135,10 @@ static int __init xenpmu_kmod_init(void)
 	BUILD_BUG_ON(offsetof(xenpmu_page, sample) + sizeof(xenpmu_sample_info) !=
 		     XENPMU_DEFINED_SIZE_1_2);
 	BUILD_BUG_ON(ARRAY_SIZE(xenpmu_kmod_page.sample.callchain) != XENPMU_CALLCHAIN_MAX);
-	/* A zeroed page has no magic: the check refuses it. */
+	BUILD_BUG_ON(sizeof(xenpmu_ring_control) != XENPMU_RING_CONTROL_SIZE);
+	/* A zeroed page or ring has no magic: the checks refuse them. */
+	if (xenpmu_kmod_ring(&xenpmu_kmod_ring_area.control) != -XENPMU_EPROTONOSUPPORT)
+		return -EINVAL;
 	return xenpmu_kmod_rearm(&xenpmu_kmod_page) == -XENPMU_EPROTONOSUPPORT ? 0 : -EINVAL;
 }
 
