@@ -396,7 +396,24 @@ impl<V: SimVendor> Machine<V> {
             vcpu: running,
             regs: state,
         };
-        self.execute(pcpu, Some(running), insn, false)
+        self.execute(pcpu, Some(running), insn, false, 1)
+    }
+
+    /// As [`Machine::retire`], but `insn` stands for `count` instructions retired at once:
+    /// the model counts them all before the PMI an overflow among them raises is taken, so
+    /// the counter has counted past its wrap by then (a skid of up to `count - 1` events).
+    pub fn retire_burst(&mut self, pcpu: u32, insn: &Instruction, count: u64) -> Option<PmiRecord> {
+        let running = self.pcpus[pcpu as usize]
+            .current()
+            .expect("only a pCPU running a vCPU retires guest instructions");
+        let state = regs(running, insn, self.retired);
+        self.last_guest[pcpu as usize] = Some((running, state));
+        self.platform.resume_regs.insert(running, state);
+        self.platform.interrupted[pcpu as usize] = Interrupted::Guest {
+            vcpu: running,
+            regs: state,
+        };
+        self.execute(pcpu, Some(running), insn, false, count)
     }
 
     /// `pcpu` retires one instruction of hypervisor code at `rip` (CPL 0, host context), on
@@ -422,7 +439,7 @@ impl<V: SimVendor> Machine<V> {
             },
             on_behalf_of,
         };
-        self.execute(pcpu, current, &insn, true)
+        self.execute(pcpu, current, &insn, true, 1)
     }
 
     fn execute(
@@ -431,6 +448,7 @@ impl<V: SimVendor> Machine<V> {
         running: Option<VcpuId>,
         insn: &Instruction,
         hypervisor: bool,
+        count: u64,
     ) -> Option<PmiRecord> {
         self.retired += 1;
         let mode = ExecMode {
@@ -439,9 +457,9 @@ impl<V: SimVendor> Machine<V> {
         };
         self.complete_requests(pcpu);
         let hw = self.pcpus[pcpu as usize].hw_mut();
-        hw.count(HwEvent::Instructions, 1, mode);
+        hw.count(HwEvent::Instructions, count, mode);
         if insn.branch {
-            hw.count(HwEvent::Branches, 1, mode);
+            hw.count(HwEvent::Branches, count, mode);
         }
         if !hw.take_pmi() {
             return None;
