@@ -69,7 +69,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "profile_batch",
         run: targets::profile_batch::run,
-        deep: &[targets::profile_batch::DECODED],
+        deep: &[
+            targets::profile_batch::DECODED,
+            targets::profile_batch::RING_DECODED,
+        ],
     },
     Target {
         name: "coverage_profile",

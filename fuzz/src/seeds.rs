@@ -230,6 +230,8 @@ fn profile_batches() -> Vec<Seed> {
                 sequence,
                 dropped: 0,
                 lost: 0,
+                handler_ticks: 0,
+                ship_ticks: 0,
             };
             let mut bytes = header.as_bytes().to_vec();
             samples.iter().for_each(|s| bytes.extend(s.as_bytes()));
@@ -242,7 +244,99 @@ fn profile_batches() -> Vec<Seed> {
             bytes: profile_batch::join(1, &batches),
         });
     }
+    seeds.push(Seed {
+        target: "profile_batch",
+        name: "seed-ring-intel-v5".into(),
+        bytes: profile_batch::join(
+            1,
+            &ring_shipments(&cached_samples(vpmu_sim::intel_v5(), 18)),
+        ),
+    });
     seeds
+}
+
+/// Ring mode: `samples` as the hypervisor writes them into a 4 KiB ring (ABI 1.4, with the
+/// `vpmu_abi` encoder: sample records, a lost record for two samples the ring had no room
+/// for, and a PAD where the records wrap), shipped as two `struct ring_batch` shipments of
+/// the bytes the VMM copies out of the ring: positions 0 to the middle, then on past the wrap.
+/// Sequence numbers run 1, 2, ... with the lost samples' numbers skipped.
+fn ring_shipments(samples: &[BatchSample]) -> Vec<Vec<u8>> {
+    use vpmu::abi::{
+        Identity, RingSample, XENPMU_FLAG_SAMPLE_REAL, XENPMU_FLAG_SAMPLE_USER, append_record,
+        encode_lost, encode_sample,
+    };
+    use vpmu_profile::ring_batch::{RING_BATCH_MAGIC, RingBatch};
+    const DATA_SIZE: usize = 4096;
+    let mut data = vec![0u8; DATA_SIZE];
+    let mut record = vec![0u8; vpmu::abi::XENPMU_RECORD_MAX];
+    let (mut head, mut sequence, mut records, mut lost) = (0u64, 0u64, 0u64, 0u64);
+    let mut cuts = vec![0u64];
+    for (i, s) in samples.iter().enumerate() {
+        if i == samples.len() / 2 {
+            cuts.push(head);
+            // Two samples found the ring full: a lost record precedes the next sample.
+            sequence += 2;
+            lost += 2;
+            let size = encode_lost(&mut record, 2, sequence, s.tsc).expect("fits");
+            head = append_record(&mut data, head, head, &record[..size]).expect("room");
+        }
+        sequence += 1;
+        let fixed = RingSample {
+            header: vpmu::abi::RecordHeader {
+                misc: s.flags & (XENPMU_FLAG_SAMPLE_USER | XENPMU_FLAG_SAMPLE_REAL) as u32,
+                ..Default::default()
+            },
+            sequence,
+            tsc: s.tsc,
+            identity: Identity {
+                domain_id: s.domain_id,
+                vcpu_id: s.vcpu_id,
+                pcpu_id: s.pcpu_id,
+                _pad0: 0,
+            },
+            overflowed: s.overflowed,
+            chain_len: 0,
+            chain_end: s.chain_end,
+            regs: s.regs,
+        };
+        let chain = &s.callchain[..s.chain_len as usize];
+        let size = encode_sample(&mut record, &fixed, chain).expect("fits");
+        // The consumer keeps up: the ring holds at most the current shipment's records.
+        let tail = *cuts.last().expect("a cut");
+        head = append_record(&mut data, tail, head, &record[..size]).expect("room");
+        records += 1;
+    }
+    cuts.push(head);
+    assert!(
+        head > DATA_SIZE as u64,
+        "the records wrap around the 4 KiB area"
+    );
+    cuts.windows(2)
+        .enumerate()
+        .map(|(i, w)| {
+            let (tail, head) = (w[0], w[1]);
+            let batch = RingBatch {
+                magic: RING_BATCH_MAGIC,
+                data_size: DATA_SIZE as u32,
+                sequence: i as u64,
+                data_gpa: 0x20_0000,
+                tail,
+                head,
+                tsc_khz: samples[0].tsc_khz,
+                records,
+                lost,
+                record_max: vpmu::abi::XENPMU_RECORD_MAX as u32,
+                ..RingBatch::default()
+            };
+            let mut bytes = batch.as_bytes().to_vec();
+            let mut position = tail;
+            while position < head {
+                bytes.push(data[(position % DATA_SIZE as u64) as usize]);
+                position += 1;
+            }
+            bytes
+        })
+        .collect()
 }
 
 /// `count` samples a guest read from its page, in the profiler's `struct batch_sample` form.

@@ -52,6 +52,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
         &[
             "profile/profiler.c",
             "profile/sampler.c",
+            "profile/ring.c",
             "runtime/driver.c",
         ],
     ),
@@ -61,6 +62,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
             "profile/work.c",
             "profile/work_loops.S",
             "profile/sampler.c",
+            "profile/ring.c",
             "runtime/driver.c",
         ],
     ),

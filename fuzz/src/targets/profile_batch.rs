@@ -8,11 +8,16 @@
 //! A length prefix rather than a separator byte, so that a batch can hold any bytes and reach
 //! the [`SAMPLE_SIZE`] bytes of a sample.
 
-use vpmu_profile::protocol::{self, BATCH_CAPACITY, BATCH_HEADER, BatchHeader, SAMPLE_SIZE};
+use vpmu_profile::protocol::{
+    self, BATCH_CAPACITY, BATCH_HEADER, BATCH_MAGIC, BatchHeader, SAMPLE_SIZE,
+};
 use zerocopy::FromBytes;
 
 /// Milestone: a shipment with at least one sample decoded.
 pub const DECODED: &str = "profile_batch: a sample decoded";
+
+/// Milestone: a ring shipment (`struct ring_batch`, ring mode) with a sample record decoded.
+pub const RING_DECODED: &str = "profile_batch: a ring record decoded";
 
 /// Batches per input at most.
 pub const MAX_BATCHES: usize = 8;
@@ -50,18 +55,30 @@ pub fn run(data: &[u8]) {
         return;
     };
     assert_eq!(shipment.batches as usize, batches.len());
-    assert!(shipment.samples.len() <= batches.len() * BATCH_CAPACITY);
+    // Page batches (`struct sample_batch`) and ring shipments (`struct ring_batch`, told apart
+    // by their magic): every sample a page batch counts, and every sample record of a ring
+    // shipment, is decoded, and nothing else.
     let headers: Vec<BatchHeader> = batches
         .iter()
         .map(|b| BatchHeader::read_from_prefix(b).expect("decoded").0)
+        .filter(|h| h.magic == BATCH_MAGIC)
         .collect();
+    let ring_samples = shipment.ring.map_or(0, |r| r.samples);
+    assert!(
+        shipment.samples.len() as u64
+            <= headers.len() as u64 * BATCH_CAPACITY as u64 + ring_samples
+    );
     let counted: usize = headers.iter().map(|h| h.count as usize).sum();
     assert_eq!(
-        shipment.samples.len(),
-        counted,
+        shipment.samples.len() as u64,
+        counted as u64 + ring_samples,
         "every counted sample decoded"
     );
-    for (batch, header) in batches.iter().zip(&headers) {
+    for (batch, header) in batches
+        .iter()
+        .filter(|b| b.get(..4) == Some(&BATCH_MAGIC.to_le_bytes()[..]))
+        .zip(&headers)
+    {
         assert_eq!(
             batch.len(),
             BATCH_HEADER + header.count as usize * SAMPLE_SIZE
@@ -69,6 +86,16 @@ pub fn run(data: &[u8]) {
     }
     if let Some(last) = headers.last() {
         assert_eq!((shipment.dropped, shipment.lost), (last.dropped, last.lost));
+    }
+    if let Some(ring) = shipment.ring {
+        assert_eq!(headers.len() as u64 + ring.shipments, batches.len() as u64);
+        assert!(
+            ring.bytes <= ring.shipments * (1 << 20),
+            "at most a ring's worth each"
+        );
+        if ring.samples > 0 {
+            crate::reached(RING_DECODED);
+        }
     }
     if !shipment.samples.is_empty() {
         crate::reached(DECODED);

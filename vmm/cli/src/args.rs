@@ -248,8 +248,17 @@ pub(crate) struct ProfileArgs {
     /// both modes rank each domain's functions alike (seed 002).
     #[arg(long)]
     pub(crate) no_compare: bool,
-    /// Instead of one profile: delivered vs dropped samples and the workloads' slowdown at 1,
-    /// 4 and 10 kHz in all and self mode (writes sweep.json).
+    /// Samples through a sample ring (ABI 1.4; the default): the hypervisor writes records
+    /// and re-arms the counter, the guest is woken once per batch. Falls back to the page if
+    /// the hypervisor has no ring.
+    #[arg(long, conflicts_with = "page")]
+    pub(crate) ring: bool,
+    /// Samples through the xenpmu page: one interrupt, guest handler and flush per sample.
+    #[arg(long)]
+    pub(crate) page: bool,
+    /// Instead of one profile: page vs ring delivery side by side at 1, 5, 10 and 20 kHz in
+    /// all and self mode (expected, delivered, lost, slowdown, where the time per sample
+    /// goes; writes sweep.json).
     #[arg(long)]
     pub(crate) sweep: bool,
     /// No progress bar.
@@ -283,8 +292,14 @@ impl ProfileArgs {
         let conflict = |message: String| Cli::command().error(ErrorKind::ArgumentConflict, message);
         if self.sweep && (given("mode") || given("frequency")) {
             return Err(conflict(
-                "--sweep runs all and self mode at 1, 4 and 10 kHz: it takes no --mode or \
+                "--sweep runs all and self mode at 1, 5, 10 and 20 kHz: it takes no --mode or \
                  --frequency"
+                    .into(),
+            ));
+        }
+        if self.sweep && (self.ring || self.page) {
+            return Err(conflict(
+                "--sweep runs page and ring delivery side by side: it takes no --ring or --page"
                     .into(),
             ));
         }
@@ -316,6 +331,11 @@ impl ProfileArgs {
             out: self.out,
             top: usize::try_from(self.top).unwrap_or(usize::MAX),
             compare: !self.no_compare,
+            delivery: if self.page {
+                profile::DeliveryPath::Page
+            } else {
+                profile::DeliveryPath::Ring
+            },
             sweep: self.sweep,
             progress: !self.quiet,
             interrupt: None,

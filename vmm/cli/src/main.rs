@@ -561,7 +561,7 @@ mod tests {
             ),
             (
                 "--sweep --mode self".into(),
-                "--sweep runs all and self mode at 1, 4 and 10 kHz: it takes no --mode or \
+                "--sweep runs all and self mode at 1, 5, 10 and 20 kHz: it takes no --mode or \
                  --frequency"
                     .into(),
             ),

@@ -18,6 +18,8 @@ struct profile_config {
     u64 period;   /* mean cycles between samples; 0: do not sample (the baseline run) */
     u64 jitter;   /* the period varies by -jitter/2..+jitter/2 (jitter + 1 a power of two) */
     u64 duration; /* TSC ticks to sample for */
+    u32 delivery; /* DELIVERY_PAGE, or DELIVERY_RING (the page if the ring is refused) */
+    u32 ring_latency_us; /* ring mode: the ring's max_latency_us (the VIRQ at most this late) */
 };
 _Static_assert(sizeof(struct profile_config) == PROFILE_CONFIG_SIZE, "profile_config layout");
 
@@ -47,9 +49,34 @@ struct sample_batch {
     u64 sequence;   /* 0, 1, 2, ... per shipping guest */
     u64 dropped;    /* the page's dropped_samples (cumulative, written by the hypervisor) */
     u64 lost;       /* samples the guest read but could not buffer (cumulative) */
+    u64 handler_ticks; /* TSC ticks in the VIRQ handler (cumulative, both kinds of batch) */
+    u64 ship_ticks;    /* TSC ticks shipping (cumulative) */
     struct batch_sample samples[BATCH_CAPACITY];
 };
 _Static_assert(offsetof(struct sample_batch, samples) == BATCH_HEADER_SIZE, "sample_batch header");
+
+/* Ring mode: a shipment that names the unread bytes [tail, head) of the vCPU's sample ring
+ * (ABI 1.4) instead of carrying samples: the VMM copies them out of guest memory and decodes
+ * the records itself, so the guest never copies a record (a copy at emulated CPL0 costs
+ * ~0.5 us a word here). After the outl the guest releases tail = head. It shares the
+ * sequence numbers of struct sample_batch (one numbering per shipping vCPU). */
+struct ring_batch {
+    u32 magic;     /* RING_BATCH_MAGIC */
+    u32 data_size; /* bytes of the data area (info.data_size) */
+    u64 sequence;  /* 0, 1, 2, ... per shipping guest, shared with struct sample_batch */
+    u64 data_gpa;  /* guest-physical address of the data area */
+    u64 tail, head; /* the unread bytes: the guest's tail and the head it acquired */
+    u64 tsc_khz;   /* info.tsc_khz: the records' TSC frequency */
+    /* The producer's counters, read after the head (cumulative since RING_INIT). */
+    u64 records, lost, withheld, wakeups, bad_tail;
+    u64 virqs;     /* PMU VIRQs the guest took (cumulative) */
+    u64 handler_ticks; /* TSC ticks in the VIRQ handler (cumulative) */
+    u64 ship_ticks;    /* TSC ticks shipping (cumulative) */
+    u32 record_max;    /* info.record_max */
+    u32 _pad;
+    u64 _reserved;
+};
+_Static_assert(sizeof(struct ring_batch) == RING_BATCH_SIZE, "ring_batch layout");
 
 /* The run's configuration (profiler.c / work.c define it). */
 extern volatile struct profile_config profile_config;
@@ -60,6 +87,7 @@ int sampler_start(void);     /* page, LVTPC, counter 0 = cycles (USR+OS+INT); 0 
 void sampler_ship(void);     /* ships the samples buffered so far (CPL0) */
 int sampler_ship_due(void);  /* a batch is half full or 40 ms passed since the last ship */
 int sampler_stop(void);      /* stops the counter, ships the rest; 0 or failures */
+int sampler_ring(void);      /* 1 if this vCPU samples through a ring, 0 through its page */
 extern volatile u64 sampler_samples[MAX_CPUS], sampler_lost[MAX_CPUS], sampler_errors[MAX_CPUS];
 extern xenpmu_page sampler_pages[MAX_CPUS];
 

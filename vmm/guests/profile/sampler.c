@@ -21,6 +21,31 @@ volatile u64 sampler_samples[MAX_CPUS], sampler_lost[MAX_CPUS], sampler_errors[M
 /* The fewest TSC ticks a sample's handling took on each vCPU, up to its re-arm: its own cost,
  * without the host's preemptions (which the counted cycles leave out too). */
 static u64 handler_ticks[MAX_CPUS];
+/* Cumulative TSC ticks in the VIRQ handler and in shipping (reported in every batch). */
+static u64 handler_total[MAX_CPUS], ship_total[MAX_CPUS];
+
+/* ring.c: the ring half (ABI 1.4). */
+int ring_start(u32 cpu, u64 period);
+int ring_active(u32 cpu);
+void ring_virq(u32 cpu);
+int ring_ship(u32 cpu, u64 sequence, int always);
+int ring_ship_due(u32 cpu);
+int ring_finish(u32 cpu);
+
+/* The counter's preset for a fixed period (ring mode: the hypervisor re-arms it with the same
+ * period; a jitter would need a WRMSR per sample, which is what the ring saves). */
+static u64 fixed_preset(u64 period) {
+    return (0 - period) & (intel && !fw_write ? 0xfffffffful : mask48());
+}
+
+/* The ring's period: the configured one, at least 1000 cycles (as the page path's), and below
+ * 2^31 (legacy Intel counters take 32 bits sign-extended; the ABI refuses more there). */
+static u64 ring_period(void) {
+    u64 period = profile_config.period;
+    if (period < 1000) period = 1000;
+    if (period > 0x7fffffffu) period = 0x7fffffffu;
+    return period;
+}
 
 static u64 next_preset(u32 cpu) {
     u64 *r = &rng[cpu];
@@ -80,6 +105,16 @@ static void take_sample(void) {
     int bad = page_rearm_counter0(pg, next_preset(cpu), stopping[cpu]);
     struct params p = {1, 0, 0, 0, 0};
     if (bad || hypercall(XENPMU_OP_FLUSH, &p) != 0) sampler_errors[cpu]++;
+    handler_total[cpu] += rdtsc() - entered;
+}
+
+/* The PMU VIRQ: a sample in the page, or (ring mode) records ready in the ring. */
+static void on_virq(void) {
+    u32 cpu = cpu_id();
+    if (ring_active(cpu))
+        ring_virq(cpu);
+    else
+        take_sample();
 }
 
 int sampler_start(void) {
@@ -91,10 +126,18 @@ int sampler_start(void) {
     sampler_pages[cpu].lapic_lvtpc = PMI_VECTOR;
     struct params lp = {1, 0, 0, 0, 0};
     failed += hypercall(XENPMU_OP_LVTPC_SET, &lp) != 0;
-    virq_hook = take_sample;
+    /* Ring mode: the ring after the page (RING_INIT needs the page); the page alone if the
+     * hypervisor has no ring (-EOPNOTSUPP). */
+    int ring = 0;
+    if (profile_config.delivery == DELIVERY_RING) {
+        int rc = ring_start(cpu, ring_period());
+        failed += rc < 0;
+        ring = rc == 0;
+    }
+    virq_hook = on_virq;
     counter_msr = intel && fw_write ? INTEL_A_PMC0 : ctr_msr(0);
     if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 0);
-    failed += wrmsr_safe(counter_msr, next_preset(cpu));
+    failed += wrmsr_safe(counter_msr, ring ? fixed_preset(ring_period()) : next_preset(cpu));
     failed += wrmsr_safe(ctl_msr(0), ev_cycles() | USR | OS | INT | EN);
     if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 1);
     last_ship_tsc[cpu] = rdtsc();
@@ -103,6 +146,12 @@ int sampler_start(void) {
 
 void sampler_ship(void) {
     u32 cpu = cpu_id();
+    if (ring_active(cpu)) {
+        if (ring_ship(cpu, shipped_sequence[cpu], 0)) shipped_sequence[cpu]++;
+        last_ship_tsc[cpu] = rdtsc();
+        return;
+    }
+    u64 t0 = rdtsc();
     __asm__ volatile("cli" ::: "memory");
     u32 full = filling[cpu];
     filling[cpu] = full ^ 1;
@@ -114,12 +163,16 @@ void sampler_ship(void) {
     b->sequence = shipped_sequence[cpu]++;
     b->dropped = sampler_pages[cpu].dropped_samples;
     b->lost = sampler_lost[cpu];
+    b->handler_ticks = handler_total[cpu];
+    b->ship_ticks = ship_total[cpu];
     outl(PORT_BATCH, (u32)(u64)b);
     b->count = 0;
+    ship_total[cpu] += rdtsc() - t0;
 }
 
 int sampler_ship_due(void) {
     u32 cpu = cpu_id();
+    if (ring_active(cpu)) return ring_ship_due(cpu);
     return batches[cpu][filling[cpu]].count >= BATCH_CAPACITY / 2 ||
            rdtsc() - last_ship_tsc[cpu] > 100000000ul;
 }
@@ -127,6 +180,18 @@ int sampler_ship_due(void) {
 int sampler_stop(void) {
     u32 cpu = cpu_id();
     stopping[cpu] = 1;
+    if (ring_active(cpu)) {
+        /* Ring mode: no cached window, so the counters stop by WRMSR at once; RING_FINISH
+         * then completes any sample in flight, and the last records and the producer's final
+         * counters are shipped (the ring stays readable after it). */
+        __asm__ volatile("cli" ::: "memory");
+        int failed = wrmsr_safe(ctl_msr(0), 0);
+        if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 0);
+        failed += ring_finish(cpu);
+        __asm__ volatile("sti" ::: "memory");
+        if (ring_ship(cpu, shipped_sequence[cpu], 1)) shipped_sequence[cpu]++;
+        return failed;
+    }
     int failed = 1;
     __asm__ volatile("cli" ::: "memory");
     /* A sample cached in the page: take it, which also stops the counter through the page. A

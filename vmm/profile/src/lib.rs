@@ -14,6 +14,7 @@
 //! The command line lives in `vpmu-cli`; this library takes typed `Options`, whose limits are
 //! the public constants below.
 
+mod delivery;
 mod elf_image;
 mod error;
 pub mod outputs;
@@ -21,6 +22,7 @@ pub mod perf_data;
 pub mod pprof;
 pub mod protocol;
 pub mod report;
+pub mod ring_batch;
 pub mod run;
 pub mod sample;
 pub mod stacks;
@@ -40,6 +42,7 @@ use kvm_ioctls::Kvm;
 use serde::Serialize;
 
 use report::{DomainInfo, Report, RunInfo};
+pub use run::DeliveryPath;
 use run::{DomainPlan, Mode, Plan, RunData};
 use sample::Origin;
 use vpmu_machine::VmmActivity;
@@ -47,6 +50,7 @@ use vpmu_machine::personality::{Amd, Intel, Personality, Source};
 use vpmu_machine::symbols::Symbols;
 use workloads::{BUILT_IN, Workload};
 
+pub use delivery::Delivery;
 pub use error::ProfileError;
 
 /// The PMU personality the guests see.
@@ -82,6 +86,8 @@ pub struct Options {
     pub top: usize,
     /// Run the self-mode comparison (all mode, built-in workloads).
     pub compare: bool,
+    /// How samples reach the samplers (`--ring`, `--page`).
+    pub delivery: DeliveryPath,
     /// Measure the frequency sweep instead.
     pub sweep: bool,
     /// Draw a progress bar.
@@ -106,6 +112,7 @@ impl Default for Options {
             out: PathBuf::from("profile-out"),
             top: 10,
             compare: true,
+            delivery: DeliveryPath::Ring,
             sweep: false,
             progress: true,
             interrupt: None,
@@ -202,66 +209,6 @@ impl Options {
                 })
             })
             .collect()
-    }
-}
-
-/// One run's delivery numbers, for the JSON and the sweep.
-#[derive(Clone, Debug, Serialize)]
-pub struct Delivery {
-    /// The run's mode.
-    pub mode: &'static str,
-    /// Samples per second of CPU time asked for.
-    pub frequency_hz: u64,
-    /// The counter's mean period (cycles = TSC ticks).
-    pub period_cycles: u64,
-    /// Samples the counters' overflows should have produced: the frequency times the CPU time
-    /// the sampled contexts ran (the counters count guest cycles: all mode, every domain's
-    /// time on the pCPU; self mode, each sampler's own; hv mode, also the VMM's time serving
-    /// the profiler, which is not included here).
-    pub expected: u64,
-    /// The CPU time (seconds in `KVM_RUN`) of the sampled contexts.
-    pub sampled_cpu_s: f64,
-    /// PMIs the core handled with an interrupt (generated).
-    pub generated: u64,
-    /// Samples the guests shipped.
-    pub delivered: u64,
-    /// Samples the core dropped (a sample still unread in the page, or no page).
-    pub dropped: u64,
-    /// Samples the guests read but could not buffer.
-    pub lost_in_guest: u64,
-    /// Each workload domain's progress: rounds of its loop per second of wall time.
-    pub work_rates: Vec<f64>,
-    /// Wall time of the run, seconds.
-    pub wall_s: f64,
-}
-
-impl Delivery {
-    /// The numbers of `data`.
-    pub fn of(data: &RunData) -> Self {
-        // All mode: the pCPU's counter, every domain's time. Self/hv: each sampler's own; the
-        // profiler (domain 0) samples only in hv mode.
-        let cpu_s: f64 = data
-            .results
-            .iter()
-            .filter(|r| r.vcpu.is_some_and(|v| v.domain != 0) || data.mode != Mode::SelfOnly)
-            .map(|r| r.guest_ns as f64 / 1e9)
-            .sum();
-        let stats = data.results.iter().filter_map(|r| r.stats);
-        Self {
-            mode: data.mode.name(),
-            frequency_hz: data.frequency,
-            period_cycles: data.period,
-            expected: (data.frequency as f64 * cpu_s).round() as u64,
-            sampled_cpu_s: cpu_s,
-            generated: stats.clone().map(|s| s.pmis_generated).sum(),
-            delivered: data.samples().count() as u64,
-            dropped: stats.map(|s| s.pmis_dropped).sum(),
-            lost_in_guest: data.shipments.iter().map(|(_, s)| s.lost).sum(),
-            work_rates: (0..data.work.len())
-                .filter_map(|d| data.work_rate(d))
-                .collect(),
-            wall_s: data.wall.as_secs_f64(),
-        }
     }
 }
 
@@ -459,6 +406,7 @@ fn profile_with<P: Personality + Copy + Sync>(
     let plan = Plan {
         mode: options.mode,
         frequency: options.frequency,
+        delivery: options.delivery,
         duration: options.duration,
         vcpus: options.vcpus,
         pcpus: options.pcpus,
@@ -487,6 +435,7 @@ fn profile_with<P: Personality + Copy + Sync>(
     report
         .checks
         .extend(validate_stacks::stack_shares(&report, &built_in));
+    report.checks.extend(delivery::ring_accounting(&data));
     if options.interrupted() {
         eprintln!(
             "vpmu profile: interrupted after {:.1} s: writing what was collected",
@@ -517,6 +466,10 @@ fn profile_with<P: Personality + Copy + Sync>(
         );
         fairness.name = format!("self-mode run: {}", fairness.name);
         report.checks.push(fairness);
+        if let Some(mut ring) = delivery::ring_accounting(&own) {
+            ring.name = format!("self-mode run: {}", ring.name);
+            report.checks.push(ring);
+        }
         report.checks.extend(validate::passive_agrees_with_self(
             &report,
             &own_report,
@@ -531,17 +484,7 @@ fn profile_with<P: Personality + Copy + Sync>(
         None
     };
     let delivery = Delivery::of(&data);
-    let text = format!(
-        "{}\ndelivery: {} samples expected, {} PMIs, {} delivered, {} dropped by the vpmu, \
-         {} lost in the guest; run took {:.1} s\n",
-        report.to_text(options.top),
-        delivery.expected,
-        delivery.generated,
-        delivery.delivered,
-        delivery.dropped,
-        delivery.lost_in_guest,
-        delivery.wall_s
-    );
+    let text = format!("{}\n{}\n", report.to_text(options.top), delivery.line());
     print!("{text}");
     let samples = options.out.join("samples.jsonl");
     std::fs::write(&samples, samples_jsonl(&data, &workloads))

@@ -11,6 +11,7 @@ use vpmu_guest_protocol::profile as wire;
 use vpmu_machine::{GuestPorts, PortAccess};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+use super::ring_batch::{RING_BATCH_MAGIC, RingCursor, RingDecoder, RingProblem, RingTotals};
 use super::sample::{CallChain, ChainEnd, Origin, ProfileSample, SampleDetails};
 
 /// `PORT_BATCH`: `outl` with the guest-physical address of a `struct sample_batch`; the
@@ -50,6 +51,10 @@ pub struct ProfileConfig {
     pub jitter: u64,
     /// TSC ticks to sample for.
     pub duration: u64,
+    /// `DELIVERY_PAGE` or `DELIVERY_RING`.
+    pub delivery: u32,
+    /// Ring mode: the ring's `max_latency_us`.
+    pub ring_latency_us: u32,
 }
 
 /// `struct batch_sample`.
@@ -96,6 +101,10 @@ pub struct BatchHeader {
     pub dropped: u64,
     /// Samples the guest read but could not buffer (cumulative).
     pub lost: u64,
+    /// TSC ticks the guest spent in its VIRQ handler (cumulative).
+    pub handler_ticks: u64,
+    /// TSC ticks the guest spent shipping (cumulative).
+    pub ship_ticks: u64,
 }
 
 /// Bytes of a batch header.
@@ -154,6 +163,9 @@ pub enum BatchProblem {
     /// The header claims more samples than a batch holds (`BatchPort`).
     #[error("more samples than a batch holds ({0} > {BATCH_CAPACITY})")]
     OverCapacity(usize),
+    /// A ring shipment (`struct ring_batch`) is malformed.
+    #[error("ring shipment: {0}")]
+    Ring(#[from] RingProblem),
 }
 
 /// A batch the VMM refused: who shipped it, which one, and what is wrong with it.
@@ -177,20 +189,45 @@ pub struct Shipment {
     pub dropped: u64,
     /// Samples the guest could not buffer, at the last batch.
     pub lost: u64,
-    /// Batches received.
+    /// Batches received (of both kinds).
     pub batches: u64,
+    /// What the ring shipments add up to (None: the vCPU shipped none).
+    pub ring: Option<RingTotals>,
+    /// The guest's TSC ticks in its VIRQ handler and in shipping, at its last batch.
+    pub guest_ticks: (u64, u64),
 }
 
 /// Decodes the batches `shipper` (a domain) shipped, in order. Errors name the first bad
 /// batch: wrong magic, a sequence gap, or a length that disagrees with its count.
 pub fn decode(shipper: u32, batches: &[Vec<u8>]) -> Result<Shipment, DecodeError> {
     let mut out = Shipment::default();
+    let mut ring: Option<RingDecoder> = None;
     for (i, bytes) in batches.iter().enumerate() {
         let bad = |problem| DecodeError {
             shipper,
             batch: i,
             problem,
         };
+        let magic = bytes
+            .get(..4)
+            .map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]]));
+        if magic == Some(RING_BATCH_MAGIC) {
+            let sequence = bytes
+                .get(8..16)
+                .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or([0xff; 8])));
+            if sequence != i as u64 {
+                return Err(bad(BatchProblem::Sequence(sequence)));
+            }
+            let last_page = out.samples.last().map_or(0, |s| s.details.sequence);
+            let decoder = ring.get_or_insert_with(|| RingDecoder::new(last_page + 1));
+            decoder
+                .decode(shipper, bytes, &mut out.samples)
+                .map_err(|p| bad(p.into()))?;
+            out.ring = Some(decoder.totals);
+            out.guest_ticks = decoder.guest_ticks;
+            out.batches += 1;
+            continue;
+        }
         let (header, rest) =
             BatchHeader::read_from_prefix(bytes).map_err(|_| bad(BatchProblem::Short))?;
         if header.magic != BATCH_MAGIC {
@@ -223,6 +260,7 @@ pub fn decode(shipper: u32, batches: &[Vec<u8>]) -> Result<Shipment, DecodeError
         }
         out.dropped = header.dropped;
         out.lost = header.lost;
+        out.guest_ticks = (header.handler_ticks, header.ship_ticks);
         out.batches += 1;
     }
     Ok(out)
@@ -268,6 +306,8 @@ mod tests {
             sequence,
             dropped: 3,
             lost: 1,
+            handler_ticks: 0,
+            ship_ticks: 0,
         };
         let mut b = header.as_bytes().to_vec();
         for s in samples {
@@ -405,10 +445,33 @@ mod tests {
 #[derive(Debug, Default)]
 pub struct BatchPort {
     batches: std::sync::Mutex<std::collections::BTreeMap<VcpuId, Vec<Vec<u8>>>>,
+    /// Each vCPU's ring between its shipments (ring mode).
+    rings: std::sync::Mutex<std::collections::BTreeMap<VcpuId, Option<RingCursor>>>,
     shipped: std::sync::atomic::AtomicU64,
 }
 
 impl BatchPort {
+    /// A ring shipment at `gpa`: copies the bytes it names out of the ring (`ring_batch::copy`),
+    /// in order after the vCPU's other batches.
+    fn ring_shipment(&self, access: PortAccess<'_>, gpa: u64) -> Result<(), String> {
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        let cursor = rings.entry(access.vcpu).or_default();
+        let bytes = super::ring_batch::copy(access.memory, gpa, cursor)
+            .map_err(|problem| format!("ring shipment at {gpa:#x}: {problem}"))?;
+        drop(rings);
+        // A rough count for the progress display: a short-chain record is ~256 bytes.
+        let records = (bytes.len() - super::ring_batch::RING_BATCH) as u64 / 256;
+        self.batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(access.vcpu)
+            .or_default()
+            .push(bytes);
+        self.shipped
+            .fetch_add(records, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Samples shipped so far by every vCPU (for a progress display on another thread).
     pub fn shipped(&self) -> u64 {
         self.shipped.load(std::sync::atomic::Ordering::Relaxed)
@@ -426,6 +489,10 @@ impl GuestPorts for BatchPort {
             return Ok(());
         }
         let gpa = u64::from(gpa);
+        let magic = access.memory.read_as::<u32>(gpa);
+        if magic == Some(RING_BATCH_MAGIC) {
+            return self.ring_shipment(access, gpa);
+        }
         let bad = |problem: BatchProblem| format!("sample batch at {gpa:#x}: {problem}");
         // One copy of the whole `struct sample_batch` (the guest's struct always has room for
         // `BATCH_CAPACITY` samples): the count is read from the copy, so the guest cannot

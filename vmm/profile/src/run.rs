@@ -63,6 +63,47 @@ impl Mode {
     }
 }
 
+/// How samples reach the sampling guests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveryPath {
+    /// Through the xenpmu page: one VIRQ, one guest handler and one flush per sample, the
+    /// counters stopped while a sample waits (the cached window).
+    Page,
+    /// Through a sample ring (ABI 1.4): records written and counters re-armed by the
+    /// hypervisor, a VIRQ per batch; the page if the hypervisor has no ring.
+    Ring,
+}
+
+impl DeliveryPath {
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Page => "page",
+            Self::Ring => "ring",
+        }
+    }
+
+    /// `profile_config.delivery`.
+    pub fn wire(self) -> u32 {
+        match self {
+            Self::Page => vpmu_guest_protocol::profile::DELIVERY_PAGE,
+            Self::Ring => vpmu_guest_protocol::profile::DELIVERY_RING,
+        }
+    }
+
+    /// Ring mode: the ring's `max_latency_us` for a guest of `role`. The profiler ships at
+    /// each wakeup, so its batches come at most 3 ms apart; a workload ships between its
+    /// 20 ms chunks whatever the VIRQ says, so its wakeups only need to keep the ring from
+    /// filling (the watermark does) and the latency bound is long.
+    pub fn latency_us(self, role: u32) -> u32 {
+        match (self, role) {
+            (Self::Page, _) => 0,
+            (Self::Ring, super::protocol::ROLE_PROFILER) => 3_000,
+            (Self::Ring, _) => 20_000,
+        }
+    }
+}
+
 /// One workload domain of a run.
 #[derive(Clone, Debug)]
 pub struct DomainPlan {
@@ -81,6 +122,8 @@ pub struct Plan {
     pub mode: Mode,
     /// Samples per second of CPU time (0: none, the baseline for the slowdown).
     pub frequency: u64,
+    /// How samples reach the samplers.
+    pub delivery: DeliveryPath,
     /// How long the samplers sample.
     pub duration: Duration,
     /// The workload domains (domains 1..; domain 0 is the profiler).
@@ -123,6 +166,8 @@ pub struct RunData {
     pub mode: Mode,
     /// The plan's frequency.
     pub frequency: u64,
+    /// The plan's delivery path.
+    pub delivery: DeliveryPath,
     /// Guest TSC kHz (cycles: the timed source counts TSC ticks).
     pub tsc_khz: u64,
     /// The counter period the samplers were given (cycles).
@@ -295,6 +340,8 @@ pub fn run<P: Personality + Copy + Sync>(
         period,
         jitter,
         duration,
+        delivery: plan.delivery.wire(),
+        ring_latency_us: plan.delivery.latency_us(role),
     };
     let Some(profiler_config) = configure(
         &machine,
@@ -399,6 +446,7 @@ pub fn run<P: Personality + Copy + Sync>(
     Ok(RunData {
         mode: plan.mode,
         frequency: plan.frequency,
+        delivery: plan.delivery,
         tsc_khz,
         period,
         pcpus: plan.pcpus,

@@ -86,6 +86,7 @@ pub fn sweep<P: Personality + Copy + Sync>(
     let plan = |mode, frequency| Plan {
         mode,
         frequency,
+        delivery: options.delivery,
         duration: options.duration,
         vcpus: options.vcpus,
         pcpus: options.pcpus,

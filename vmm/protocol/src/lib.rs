@@ -116,9 +116,9 @@ pub mod profile {
         /// Role: a workload domain.
         ROLE_WORKLOAD: u32 = 2;
         /// Bytes of `struct profile_config`.
-        PROFILE_CONFIG_SIZE: usize = 40;
+        PROFILE_CONFIG_SIZE: usize = 48;
         /// Bytes of `struct sample_batch`'s header (before its samples).
-        BATCH_HEADER_SIZE: usize = 32;
+        BATCH_HEADER_SIZE: usize = 48;
         /// Bytes of `struct batch_sample` before its `xenpmu_regs`.
         BATCH_SAMPLE_IDENTITY_SIZE: usize = 16;
         /// Bytes of `struct batch_sample`'s sample details after its `xenpmu_regs` and before
@@ -130,6 +130,19 @@ pub mod profile {
         BATCH_CHAIN_MAX: usize = 64;
         /// Bytes of one `struct batch_sample`: identity, registers, details and chain.
         BATCH_SAMPLE_SIZE: usize = 736;
+        /// `profile_config.delivery`: samples through the xenpmu page (a VIRQ and a guest
+        /// handler per sample).
+        DELIVERY_PAGE: u32 = 0;
+        /// `profile_config.delivery`: samples through a sample ring (ABI 1.4), the page if the
+        /// hypervisor answers `XENPMU_OP_RING_INIT` with `-EOPNOTSUPP`.
+        DELIVERY_RING: u32 = 1;
+        /// `struct ring_batch`'s magic ("RNGB"): a shipment that names the unread bytes of a
+        /// sample ring, which the VMM copies out of guest memory.
+        RING_BATCH_MAGIC: u32 = 0x4247_4e52;
+        /// Bytes of `struct ring_batch`.
+        RING_BATCH_SIZE: usize = 128;
+        /// Data pages of each vCPU's sample ring (64 KiB: ~250 records of a short chain).
+        RING_DATA_PAGES: u32 = 16;
     }
 }
 
@@ -350,7 +363,7 @@ mod tests {
             assert!(h.contains(&line), "missing {line}in\n{h}");
             n += 1;
         }
-        assert_eq!(n, 56);
+        assert_eq!(n, 61);
         // Spot checks of names and values the guests use.
         for line in [
             "#define PORT_CONSOLE 0xe9",
