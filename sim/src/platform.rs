@@ -103,6 +103,9 @@ pub struct SimPlatform {
     pub ring_support: bool,
     /// Mapped ring areas: slot → the area (`ring::RingMapping`).
     pub rings: BTreeMap<u64, crate::ring::RingMapping>,
+    /// The TSC frequency the platform reports (`tsc_khz`; [`SimPlatform::TSC_KHZ`], 0 for a
+    /// platform that does not know it).
+    pub tsc_khz: u64,
     /// `ring_write` calls the core made (each one checked against the unread bytes).
     pub ring_write_calls: u64,
 }
@@ -160,6 +163,7 @@ impl SimPlatform {
             stacks,
             clock: 0,
             guest_writes: Vec::new(),
+            tsc_khz: Self::TSC_KHZ,
             ring_support: true,
             rings: BTreeMap::new(),
             ring_write_calls: 0,
@@ -218,7 +222,7 @@ impl Platform for SimPlatform {
     }
 
     fn tsc_khz(&self) -> u64 {
-        Self::TSC_KHZ
+        self.tsc_khz
     }
 
     fn reads_sampled_memory(&self, context: SampledContext) -> bool {

@@ -6,8 +6,8 @@
 use vpmu::abi::{
     RecordHeader, RingConfig, RingControl, RingInfo, RingLost, RingProducer, RingSample,
     XENPMU_PAGE_SIZE, XENPMU_RECORD_LOST, XENPMU_RECORD_PAD, XENPMU_RECORD_SAMPLE,
-    XENPMU_RING_CONSUMER_OFFSET, XENPMU_RING_CONTROL_SIZE, XENPMU_RING_PRODUCER_OFFSET,
-    XENPMU_RING_SAMPLE_SIZE,
+    XENPMU_RING_CONSUMER_OFFSET, XENPMU_RING_CONTROL_SIZE, XENPMU_RING_MAX_DATA_PAGES,
+    XENPMU_RING_PRODUCER_OFFSET, XENPMU_RING_SAMPLE_SIZE,
 };
 use vpmu::{MapError, RingSlot};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
@@ -235,8 +235,11 @@ impl RingGuest {
     /// and `config` (with `data_pages` set) written into the control page, as a driver does
     /// before `ring_init`.
     pub fn prepare(platform: &mut SimPlatform, domain: u32, gfn: u64, config: &RingConfig) -> Self {
-        platform.add_ram(domain, gfn, 1 + u64::from(config.data_pages.max(1)));
-        for frame in gfn..gfn + 1 + u64::from(config.data_pages.max(1)) {
+        // RAM for the area the configuration asks for, within what a ring can be (an invalid
+        // size gets the largest area: the check that refuses it is the hypervisor's).
+        let frames = 1 + u64::from(config.data_pages.clamp(1, XENPMU_RING_MAX_DATA_PAGES));
+        platform.add_ram(domain, gfn, frames);
+        for frame in gfn..gfn + frames {
             platform.frame_mut(domain, frame).as_mut_bytes().fill(0);
         }
         assert!(platform.write_physical(domain, gfn * PAGE, config.as_bytes()));
