@@ -88,6 +88,15 @@ pub const TARGETS: &[Target] = &[
             targets::core_world::HOSTILE_FLUSH,
         ],
     },
+    Target {
+        name: "ring_reader",
+        run: targets::ring_reader::run,
+        deep: &[
+            targets::ring_reader::SAMPLE_WITH_CHAIN,
+            targets::ring_reader::LOST,
+            targets::ring_reader::PAD_WRAPPED,
+        ],
+    },
 ];
 
 /// A fuzz target.

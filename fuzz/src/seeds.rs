@@ -43,6 +43,7 @@ pub fn all() -> Vec<Seed> {
         bytes: include_bytes!("../../vmm/coverage/tests-data/minicov-v10.profraw").to_vec(),
     });
     seeds.extend(core_worlds());
+    seeds.extend(crate::targets::ring_reader::seeds());
     seeds
 }
 

@@ -107,3 +107,37 @@ fn core_world_seeds_round_trip_through_the_format() {
         assert_eq!(input.to_bytes(), seed.bytes, "{}", seed.name);
     }
 }
+
+#[test]
+fn ring_reader_seeds_read_to_head_or_stop_at_their_broken_record() {
+    use vpmu_abi::{RingError, RingRecords};
+    for seed in seeds::all().iter().filter(|s| s.target == "ring_reader") {
+        let word = |at: usize| u64::from_le_bytes(seed.bytes[at..at + 8].try_into().expect("8"));
+        let (tail, unread) = (word(1), word(9));
+        let record_max = u32::from_le_bytes(seed.bytes[17..21].try_into().expect("4"));
+        let data = &seed.bytes[21..];
+        let mut records = RingRecords::new(data, record_max, tail, tail.wrapping_add(unread));
+        let errors: Vec<RingError> = records.by_ref().filter_map(Result::err).collect();
+        if seed.name.ends_with("-short-pad") {
+            assert!(
+                matches!(errors.as_slice(), [RingError::PadShort { .. }]),
+                "{}: {errors:?}",
+                seed.name
+            );
+            assert_eq!(
+                records.tail(),
+                tail,
+                "{}: the first record is the broken one",
+                seed.name
+            );
+        } else {
+            assert!(errors.is_empty(), "{}: {errors:?}", seed.name);
+            assert_eq!(
+                records.tail(),
+                tail.wrapping_add(unread),
+                "{}: read to head",
+                seed.name
+            );
+        }
+    }
+}

@@ -7,3 +7,4 @@ pub mod flush_verify;
 pub mod guest_msr;
 pub mod page_view;
 pub mod profile_batch;
+pub mod ring_reader;
