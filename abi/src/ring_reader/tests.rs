@@ -479,9 +479,8 @@ fn written() -> impl Strategy<Value = Written> {
     ]
 }
 
+// proptest's default configuration: 256 cases, or PROPTEST_CASES.
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
-
     /// A producer appends a stream across many wraps while a consumer reads at random points:
     /// the consumer reads back exactly the stream, in order, PADs only at the end of the area.
     #[test]
