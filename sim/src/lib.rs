@@ -21,6 +21,8 @@
 //! * [`corrupt`]: vendor areas each vendor's rules certainly refuse.
 //! * [`ring`]: the sample ring (ABI 1.4): the platform's ring services over guest memory, a
 //!   check of every record write against the unread bytes, and the guest's consumer.
+//! * [`ring_world`]: [`ring_world::RingWorld`], profilers sampling through rings under
+//!   consumers slow, hostile or absent, with the ring's invariants checked at every step.
 //! * [`snapshot`]: the observable state an operation that fails must leave unchanged.
 //! * [`strategies`]: proptest strategies for scenarios.
 #![deny(missing_docs)]
@@ -32,6 +34,7 @@ pub mod machine;
 pub mod plan;
 pub mod platform;
 pub mod ring;
+pub mod ring_world;
 pub mod snapshot;
 pub mod strategies;
 pub mod truth;

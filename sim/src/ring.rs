@@ -383,3 +383,81 @@ pub fn config(
     }
     config
 }
+
+/// What a consumer has read from one ring registration: the sample numbers and the lost
+/// records, to check that every number is accounted for exactly once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stream {
+    /// Sequence numbers of the sample records, in order.
+    pub samples: Vec<u64>,
+    /// (count, last sequence) of each lost record, in order.
+    pub lost: Vec<(u64, u64)>,
+}
+
+impl Stream {
+    /// Takes `records` as read.
+    ///
+    /// # Panics
+    /// On a lost record reporting no sample, an unknown record kind, or sample numbers that
+    /// do not grow.
+    pub fn take(&mut self, records: Vec<Record>) {
+        for record in records {
+            match record {
+                Record::Sample(sample, _) => {
+                    if let Some(&last) = self.samples.last() {
+                        assert!(
+                            sample.sequence > last,
+                            "sample {} after {last}",
+                            sample.sequence
+                        );
+                    }
+                    self.samples.push(sample.sequence);
+                }
+                Record::Lost(lost) => {
+                    assert!(lost.lost >= 1, "a lost record reports at least one sample");
+                    assert!(lost.sequence >= lost.lost, "{lost:?}");
+                    self.lost.push((lost.lost, lost.sequence));
+                }
+                Record::Pad(_) => {}
+                Record::Unknown(header) => panic!("unknown record {header:?}"),
+            }
+        }
+    }
+
+    /// Samples the lost records reported.
+    pub fn reported_lost(&self) -> u64 {
+        self.lost.iter().map(|&(count, _)| count).sum()
+    }
+
+    /// Checks that every number of `numbers` is a sample or inside a lost record's range,
+    /// exactly once, but for `unreported` of them (withheld, or lost and not reported yet),
+    /// and that nothing outside `numbers` was reported.
+    ///
+    /// # Panics
+    /// If not.
+    pub fn accounts_for(&self, numbers: core::ops::RangeInclusive<u64>, unreported: u64) {
+        let mut seen = std::collections::BTreeMap::<u64, u32>::new();
+        let lost = self
+            .lost
+            .iter()
+            .flat_map(|&(count, last)| last + 1 - count..=last);
+        for number in self.samples.iter().copied().chain(lost) {
+            assert!(
+                numbers.contains(&number),
+                "number {number} outside {numbers:?}"
+            );
+            *seen.entry(number).or_default() += 1;
+        }
+        let twice: Vec<_> = seen.iter().filter(|&(_, &n)| n > 1).collect();
+        assert!(twice.is_empty(), "numbers reported twice: {twice:?}");
+        let total = numbers
+            .end()
+            .saturating_add(1)
+            .saturating_sub(*numbers.start());
+        assert_eq!(
+            total - seen.len() as u64,
+            unreported,
+            "numbers neither published nor reported lost in {numbers:?}"
+        );
+    }
+}

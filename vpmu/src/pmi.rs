@@ -447,7 +447,13 @@ impl<B: PmuBackend> Vpmu<B> {
         pcpu: &mut PcpuPmu<B::Context, H>,
         profiler: &mut VcpuPmu<B::Context>,
     ) -> Result<PmiOutcome, CoreError> {
-        if profiler.ring.is_some() && self.system_drop(profiler).is_none() {
+        // With a ring, everything `system_drop` judges but a cached sample (a ring has none)
+        // and the page's mask (the ring withholds) still holds: the sample is the ring's.
+        let ring_mode = profiler.ring.is_some()
+            && self.policy().mode == Mode::All
+            && !matches!(profiler.state, VcpuState::Loaded { .. })
+            && profiler.page.is_some();
+        if ring_mode {
             // A record in the profiler's ring; the counters keep running (ring.rs).
             return self.ring_system_sample(platform, pcpu, profiler);
         }
