@@ -23,13 +23,16 @@
 use vpmu::abi::ops::Params;
 use vpmu::abi::{
     PageViewMut, XENPMU_MODE_ALL, XENPMU_OP_LVTPC_SET, XENPMU_OP_RING_FINISH, XENPMU_OP_RING_INIT,
+    XENPMU_RING_MAGIC,
 };
 use vpmu::{PmiOutcome, VcpuId};
+use zerocopy::IntoBytes;
 
 use super::helpers::sampling;
 use super::machine::Machine;
 use super::platform::guest_frame;
 use super::ring::{RingGuest, Stream, config};
+use super::snapshot::Snapshot;
 use super::vendor::SimVendor;
 use super::workload::{Instruction, function_base};
 
@@ -95,6 +98,16 @@ pub enum RingStep {
     Timer {
         /// TSC ticks.
         ticks: u32,
+    },
+    /// Subject `subject` finishes its ring and tries RING_INIT with a configuration patched
+    /// at four places (`(offset, value)`: the 8 bytes at `offset % 256`, 8-aligned): a refusal
+    /// must change nothing at all, an acceptance must describe the ring it accepted; then its
+    /// own ring is registered again.
+    HostileConfig {
+        /// Subject.
+        subject: u8,
+        /// The patches.
+        patches: [(u8, u64); 4],
     },
 }
 
@@ -268,6 +281,9 @@ impl<V: SimVendor> RingWorld<V> {
                 self.run(k, bursts, u16::MAX, false);
                 self.m.platform.memory.insert(key, taken);
             }
+            RingStep::HostileConfig { subject, patches } => {
+                self.hostile_config(usize::from(subject) % SUBJECTS, patches);
+            }
             RingStep::Timer { ticks } => {
                 self.m.platform.clock += u64::from(ticks);
                 for k in 0..SUBJECTS {
@@ -280,6 +296,47 @@ impl<V: SimVendor> RingWorld<V> {
             }
         }
         self.check();
+    }
+
+    fn hostile_config(&mut self, k: usize, patches: [(u8, u64); 4]) {
+        self.collect_virqs();
+        self.check_subject(k);
+        let id = self.subjects[k].id;
+        let finish = self
+            .m
+            .op(id, XENPMU_OP_RING_FINISH, &Params::new(0, id.vcpu));
+        assert!(finish.is_ok(), "{id:?} ring_finish: {finish:?}");
+        let mut bytes = config(1, 0, 0, &[(false, 0, 1000)]);
+        let raw = bytes.as_mut_bytes();
+        for (offset, value) in patches {
+            let at = usize::from(offset) & !7;
+            raw[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        let gfn = guest_frame(id.domain, 0x180 + 0x200 * k as u64);
+        let scratch = RingGuest::prepare(&mut self.m.platform, id.domain, gfn, &bytes);
+        let before = Snapshot::take(&self.m);
+        match self
+            .m
+            .op(id, XENPMU_OP_RING_INIT, &Params::new(gfn, id.vcpu))
+        {
+            Err(_) => assert_eq!(before, Snapshot::take(&self.m), "a refused RING_INIT"),
+            Ok(_) => {
+                let info = scratch.info(&self.m.platform);
+                assert_eq!(info.magic, XENPMU_RING_MAGIC);
+                assert_eq!(u64::from(info.data_size), scratch.data_size());
+                let expected = if bytes.wakeup_bytes == 0 {
+                    info.data_size / 2
+                } else {
+                    bytes.wakeup_bytes
+                };
+                assert_eq!(info.wakeup_bytes, expected);
+                let finish = self
+                    .m
+                    .op(id, XENPMU_OP_RING_FINISH, &Params::new(0, id.vcpu));
+                assert!(finish.is_ok(), "{id:?} ring_finish: {finish:?}");
+            }
+        }
+        self.register(k);
     }
 
     fn hostile_tail(&mut self, k: usize, kind: u8, amount: u64) {

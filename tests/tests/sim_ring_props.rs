@@ -1,5 +1,6 @@
 //! The sample ring (ABI 1.4) under random sequences of PMIs, consumers, hostile tails, page
-//! LVTPC masking, re-registration, frames taken away and the latency timer, in self and all
+//! LVTPC masking, re-registration, frames taken away, the latency timer and hostile
+//! configurations (a refusal changes nothing), in self and all
 //! mode on the four test shapes: after every step the `RingWorld` checks that no unread byte
 //! was overwritten, that every sample is exactly one of published, lost or withheld and every
 //! sequence number is accounted for once, that the producer's line is the hypervisor's, that
@@ -11,6 +12,21 @@ use vpmu::abi::{XENPMU_MODE_ALL, XENPMU_MODE_SELF};
 use vpmu_sim::ring_world::{RingStep, RingWorld};
 use vpmu_sim::{SimVendor, amd_legacy, amd_v2, intel_v2, intel_v5};
 use vpmu_tests::proptest_cases;
+
+/// A patch of the configuration: mostly its defined fields, with values near their limits.
+fn patch() -> impl Strategy<Value = (u8, u64)> {
+    (
+        prop_oneof![0u8..16, 64u8..160, any::<u8>()],
+        prop_oneof![
+            0u64..600,
+            Just(1 << 31),
+            Just((1 << 31) - 1),
+            Just((1 << 47) - 1),
+            Just(1 << 47),
+            any::<u64>()
+        ],
+    )
+}
 
 fn step() -> impl Strategy<Value = RingStep> {
     prop_oneof![
@@ -25,6 +41,8 @@ fn step() -> impl Strategy<Value = RingStep> {
         1 => (0u8..2, any::<u8>(), 1u8..6)
             .prop_map(|(subject, frame, bursts)| RingStep::Unmapped { subject, frame, bursts }),
         1 => (0u32..400_000).prop_map(|ticks| RingStep::Timer { ticks }),
+        1 => (0u8..2, [patch(), patch(), patch(), patch()])
+            .prop_map(|(subject, patches)| RingStep::HostileConfig { subject, patches }),
     ]
 }
 
