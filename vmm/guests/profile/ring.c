@@ -26,11 +26,22 @@ static u64 ring_ship_ticks[MAX_CPUS], ring_last_ship[MAX_CPUS];
 int sampler_ring(void) { return ring_on[cpu_id()]; }
 int ring_active(u32 cpu) { return ring_on[cpu]; }
 
-/* The VIRQ in ring mode: records are ready. Nothing else (emulated CPL0 is slow). */
+int ring_ship(u32 cpu, u64 sequence, int always);
+extern u64 shipped_sequence[MAX_CPUS];
+
+/* The VIRQ in ring mode: records are ready, noted for the shipping side (emulated CPL0 is
+ * slow: the handler does little). Only a ring at least a quarter full (the watermark's
+ * wakeup) is shipped from here: a workload ships between its 20 ms chunks, and a ring left
+ * full until then would lose samples, each loss raising the VIRQ again. */
 void ring_virq(u32 cpu) {
     u64 t = rdtsc();
-    ring_ready[cpu] = 1;
     ring_virqs[cpu]++;
+    u64 unread = xenpmu_ring_head_acquire(&rings[cpu].ctl) - ring_tail[cpu];
+    if (unread >= RING_DATA_PAGES * 4096 / 4) {
+        if (ring_ship(cpu, shipped_sequence[cpu], 0)) shipped_sequence[cpu]++;
+    } else {
+        ring_ready[cpu] = 1;
+    }
     ring_handler_ticks[cpu] += rdtsc() - t;
 }
 

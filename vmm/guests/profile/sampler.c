@@ -13,7 +13,8 @@ xenpmu_page sampler_pages[MAX_CPUS] __attribute__((aligned(4096)));
 static struct sample_batch batches[MAX_CPUS][2];
 static volatile u32 filling[MAX_CPUS]; /* the batch the VIRQ hook appends to */
 static volatile int stopping[MAX_CPUS];
-static u64 shipped_sequence[MAX_CPUS], last_ship_tsc[MAX_CPUS];
+u64 shipped_sequence[MAX_CPUS]; /* shared with ring.c's shipments */
+static u64 last_ship_tsc[MAX_CPUS];
 static u32 counter_msr;
 static u64 rng[MAX_CPUS];
 volatile u64 sampler_samples[MAX_CPUS], sampler_lost[MAX_CPUS], sampler_errors[MAX_CPUS];
@@ -32,17 +33,17 @@ int ring_ship(u32 cpu, u64 sequence, int always);
 int ring_ship_due(u32 cpu);
 int ring_finish(u32 cpu);
 
-/* The counter's preset for a fixed period (ring mode: the hypervisor re-arms it with the same
- * period; a jitter would need a WRMSR per sample, which is what the ring saves). */
-static u64 fixed_preset(u64 period) {
-    return (0 - period) & (intel && !fw_write ? 0xfffffffful : mask48());
-}
-
 /* The ring's period: the configured one, at least 1000 cycles (as the page path's), and below
  * 2^31 (legacy Intel counters take 32 bits sign-extended; the ABI refuses more there). */
 static u64 ring_period(void) {
     u64 period = profile_config.period;
     if (period < 1000) period = 1000;
+    /* A guest sampling itself (USR + OS) below ~87 us of its own time per sample (~11.5 kHz
+     * at this host's 2.3 GHz TSC) never finished on this host: with its kernel code emulated,
+     * the timed source's kicks (at least 50 us apart) caught the vCPU in a loop that made no
+     * progress (the page path's throttle prevents the same). Unresolved: the floor keeps
+     * self-sampling rings out of it. */
+    if (profile_config.role == ROLE_WORKLOAD && period < 200000) period = 200000;
     if (period > 0x7fffffffu) period = 0x7fffffffu;
     return period;
 }
@@ -108,13 +109,18 @@ static void take_sample(void) {
     handler_total[cpu] += rdtsc() - entered;
 }
 
-/* The PMU VIRQ: a sample in the page, or (ring mode) records ready in the ring. */
+/* The PMU VIRQ: a sample in the page, or (ring mode) records ready in the ring. In ring mode
+ * the hypervisor re-arms counter 0 with one fixed period, which aliases with the workloads'
+ * periodic rounds (the page path jitters every period); one WRMSR per wakeup restarts the
+ * period with the page path's jitter, so that each batch's samples start at a random phase. */
 static void on_virq(void) {
     u32 cpu = cpu_id();
-    if (ring_active(cpu))
+    if (ring_active(cpu)) {
         ring_virq(cpu);
-    else
+        if (!stopping[cpu] && wrmsr_safe(counter_msr, next_preset(cpu))) sampler_errors[cpu]++;
+    } else {
         take_sample();
+    }
 }
 
 int sampler_start(void) {
@@ -128,16 +134,14 @@ int sampler_start(void) {
     failed += hypercall(XENPMU_OP_LVTPC_SET, &lp) != 0;
     /* Ring mode: the ring after the page (RING_INIT needs the page); the page alone if the
      * hypervisor has no ring (-EOPNOTSUPP). */
-    int ring = 0;
     if (profile_config.delivery == DELIVERY_RING) {
         int rc = ring_start(cpu, ring_period());
         failed += rc < 0;
-        ring = rc == 0;
     }
     virq_hook = on_virq;
     counter_msr = intel && fw_write ? INTEL_A_PMC0 : ctr_msr(0);
     if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 0);
-    failed += wrmsr_safe(counter_msr, ring ? fixed_preset(ring_period()) : next_preset(cpu));
+    failed += wrmsr_safe(counter_msr, next_preset(cpu));
     failed += wrmsr_safe(ctl_msr(0), ev_cycles() | USR | OS | INT | EN);
     if (has_global()) failed += wrmsr_safe(global_ctrl_msr(), 1);
     last_ship_tsc[cpu] = rdtsc();
@@ -147,7 +151,10 @@ int sampler_start(void) {
 void sampler_ship(void) {
     u32 cpu = cpu_id();
     if (ring_active(cpu)) {
+        /* Interrupts off: the VIRQ handler may ship too (a ring a quarter full). */
+        __asm__ volatile("cli" ::: "memory");
         if (ring_ship(cpu, shipped_sequence[cpu], 0)) shipped_sequence[cpu]++;
+        __asm__ volatile("sti" ::: "memory");
         last_ship_tsc[cpu] = rdtsc();
         return;
     }

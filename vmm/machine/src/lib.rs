@@ -86,8 +86,8 @@ mod sched;
 pub mod symbols;
 #[cfg(test)]
 mod tests;
-pub mod timing;
 pub(crate) mod timed;
+pub mod timing;
 pub mod translate;
 pub mod transport;
 
@@ -220,6 +220,8 @@ struct Pcpu<P: Personality> {
     masked: bool,
     /// The VMM's record of every PMI handled here (the first `MAX_PMI_LOG`).
     pmi_log: Vec<PmiRecord>,
+    /// The vCPUs whose sample rings this pCPU's thread polls (`ring::RingPoll`).
+    ring_poll: ring::RingPoll,
 }
 
 /// What a consumer of the machine (the profiler, a test) sees of a guest's port write: which
@@ -374,6 +376,7 @@ impl<P: Personality> Machine<P> {
                         requests,
                         masked: false,
                         pmi_log: Vec::new(),
+                        ring_poll: ring::RingPoll::default(),
                     })
                     .map_err(|error| MachineError::Core {
                         call: "attach_pcpu",

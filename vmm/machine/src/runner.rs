@@ -287,6 +287,9 @@ impl<'a, P: Personality> Runner<'a, P> {
         let start = Instant::now();
         let mut result = RunResult::default();
         let switched = self.switch(Some(self.me));
+        if let Some(cpu) = self.cpu.as_mut() {
+            cpu.ring_poll.vcpus = vec![self.me];
+        }
         // The kicker serves the timed source's overflows, the requests of other pCPUs and, in
         // both modes, the watchdog: a guest spinning without exits is kicked out at the timeout.
         let kick = ThreadKick::new(self.vcpu.fd.get_kvm_run(), &self.shared.host);
@@ -387,6 +390,7 @@ impl<'a, P: Personality> Runner<'a, P> {
             // What other pCPUs need of this one happens before the entry (their kick brought
             // the vCPU out of KVM_RUN).
             self.complete_requests()?;
+            self.poll_rings()?;
             if let Some(s) = slice.filter(|_| !reading && self.shared.host.woken_on(self.pcpu)) {
                 // Another vCPU of this pCPU was sent the PMU VIRQ: let it run now, and come
                 // back for the rest of this slice.

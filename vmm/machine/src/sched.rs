@@ -71,6 +71,8 @@ pub(super) fn run_shared<P: Personality>(
         .collect();
     let group: Vec<_> = runners.iter().map(|r| r.me).collect();
     let pcpu = cpu.pmu.index();
+    let mut cpu = cpu;
+    cpu.ring_poll.vcpus.clone_from(&group);
     let mut cpu = Some(cpu);
     let Some(first) = runners.first_mut() else {
         return (results, Vec::new());
