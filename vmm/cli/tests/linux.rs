@@ -28,7 +28,12 @@ const HOT_A: f64 = 75.0;
 const HOT_B: f64 = 25.0;
 /// How far a share may be from the construction (points), and cycles:u from the reference.
 const SHARE_POINTS: f64 = 3.0;
-const CYCLES_TOLERANCE: f64 = 0.03;
+/// cycles:u against the workload's own TSC time. The timed source splits each run between CPL0
+/// (emulated here) and CPL3 by a per-run calibration of the emulation's speed, which moves with
+/// the host's load (352 to 453 ns per emulated instruction within one hour on one host): on a
+/// quiet host the ratio reads 0.99-1.02, with three builds beside it 1.03. A counter that
+/// counted the kernel too, or lost its user time, would be off by far more than 8 %.
+const CYCLES_TOLERANCE: f64 = 0.08;
 /// How far `perf stat`'s cycles:u of the whole `perftest work` process may be from the work's
 /// own TSC time.
 const PERF_STAT_TOLERANCE: f64 = 0.15;
