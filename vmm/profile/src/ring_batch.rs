@@ -477,3 +477,170 @@ fn sample(shipper: u32, s: &SampleRecord, tsc_khz: u64) -> Result<ProfileSample,
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vpmu::abi::{RingSample, append_record, encode_lost, encode_sample};
+
+    const SIZE: usize = 4096;
+
+    /// A sample record of `sequence` with a two-entry chain.
+    fn sample_record(sequence: u64) -> Vec<u8> {
+        let fixed = RingSample {
+            sequence,
+            tsc: 1000 * sequence,
+            identity: vpmu::abi::Identity {
+                domain_id: XENPMU_DOMID_SELF,
+                vcpu_id: 1,
+                pcpu_id: 1,
+                _pad0: 0,
+            },
+            overflowed: 1,
+            chain_end: vpmu::abi::XENPMU_CHAIN_COMPLETE,
+            header: vpmu::abi::RecordHeader {
+                misc: XENPMU_RECORD_MISC_USER,
+                ..Default::default()
+            },
+            ..RingSample::default()
+        };
+        let mut out = vec![0; 1024];
+        let n = encode_sample(&mut out, &fixed, &[0x1000, 0x2000]).expect("encodes");
+        out.truncate(n);
+        out
+    }
+
+    /// The shipment `copy` would record for `[tail, head)` of `area`.
+    fn shipment(
+        area: &[u8],
+        sequence: u64,
+        tail: u64,
+        head: u64,
+        lost: u64,
+        records: u64,
+    ) -> Vec<u8> {
+        let batch = RingBatch {
+            magic: RING_BATCH_MAGIC,
+            data_size: area.len() as u32,
+            sequence,
+            data_gpa: 0x10_0000,
+            tail,
+            head,
+            tsc_khz: 1000,
+            records,
+            lost,
+            record_max: vpmu::abi::XENPMU_RECORD_MAX as u32,
+            ..RingBatch::default()
+        };
+        let mut bytes = batch.as_bytes().to_vec();
+        bytes.extend((tail..head).map(|p| area[(p % area.len() as u64) as usize]));
+        bytes
+    }
+
+    #[test]
+    fn samples_lost_records_and_a_wrap_decode_and_account() {
+        let mut area = vec![0u8; SIZE];
+        let mut head = 0;
+        for s in 1..=10 {
+            head = append_record(&mut area, 0, head, &sample_record(s)).expect("room");
+        }
+        let first = shipment(&area, 0, 0, head, 0, 10);
+        let tail = head;
+        let mut lost = vec![0; 32];
+        encode_lost(&mut lost, 3, 13, 0).expect("encodes");
+        head = append_record(&mut area, tail, head, &lost).expect("room");
+        for s in 14..=25 {
+            head = append_record(&mut area, tail, head, &sample_record(s)).expect("room");
+        }
+        assert!(head > SIZE as u64, "wrapped past the end with a PAD");
+        let second = shipment(&area, 1, tail, head, 3, 22);
+        let mut d = RingDecoder::new(1);
+        let mut out = Vec::new();
+        d.decode(7, &first, &mut out).expect("valid");
+        d.decode(7, &second, &mut out).expect("valid");
+        assert_eq!(out.len(), 22);
+        assert!(out.iter().all(|s| s.origin == Origin::Domain(7) && s.user));
+        assert_eq!(out[0].details.chain.addresses(), [0x1000, 0x2000]);
+        let seqs: Vec<u64> = out.iter().map(|s| s.details.sequence).collect();
+        assert_eq!(seqs[10], 14, "13..=11 lost in between");
+        let t = d.totals;
+        assert_eq!(
+            (t.samples, t.lost_in_records, t.lost_records, t.unaccounted),
+            (22, 3, 1, 0)
+        );
+        assert!(t.accounted() && t.lost_pending() == 0);
+        // A gap no lost record covers is unaccounted: the accounting fails without withheld.
+        let mut d = RingDecoder::new(5);
+        d.decode(7, &first, &mut Vec::new()).unwrap_err();
+    }
+
+    #[test]
+    fn malformed_shipments_are_refused() {
+        let mut area = vec![0u8; SIZE];
+        let head = append_record(&mut area, 0, 0, &sample_record(1)).expect("room");
+        let ok = shipment(&area, 0, 0, head, 0, 1);
+        let refuse = |bytes: &[u8], want: &str| {
+            let e = RingDecoder::new(1)
+                .decode(1, bytes, &mut Vec::new())
+                .expect_err(want);
+            assert!(e.to_string().contains(want), "{e} lacks {want}");
+        };
+        refuse(
+            &shipment(&area, 0, 8, head, 0, 1),
+            "is not the last shipment's head 0",
+        );
+        let mut short = ok.clone();
+        short.pop();
+        refuse(&short, "bytes shipped");
+        let mut geometry = ok.clone();
+        geometry[4..8].copy_from_slice(&3000u32.to_le_bytes());
+        refuse(&geometry, "ring data area of 3000 bytes");
+        let mut corrupt = ok.clone();
+        corrupt[RING_BATCH..RING_BATCH + 2].copy_from_slice(&0u16.to_le_bytes());
+        refuse(&corrupt, "record at position 0");
+        let mut backwards = area.clone();
+        let h2 = append_record(&mut backwards, 0, head, &sample_record(1)).expect("room");
+        refuse(&shipment(&backwards, 0, 0, h2, 0, 2), "sequence 1 after 1");
+    }
+
+    #[test]
+    fn copy_takes_the_named_bytes_out_of_guest_memory_and_follows_the_positions() {
+        let mem = GuestMem::new(1 << 20).expect("memory");
+        let mut area = vec![0u8; SIZE];
+        let mut head = 0;
+        for s in 1..=3 {
+            head = append_record(&mut area, 0, head, &sample_record(s)).expect("room");
+        }
+        mem.write(0x8000, &area).expect("in RAM");
+        let mut batch = RingBatch::read_from_prefix(&shipment(&area, 0, 0, head, 0, 3))
+            .expect("header")
+            .0;
+        batch.data_gpa = 0x8000;
+        mem.write(0x1000, batch.as_bytes()).expect("in RAM");
+        let mut cursor = None;
+        let bytes = copy(&mem, 0x1000, &mut cursor).expect("valid");
+        assert_eq!(&bytes[RING_BATCH..], &area[..head as usize]);
+        // The same positions again do not continue the last shipment.
+        let again = copy(&mem, 0x1000, &mut cursor).expect_err("tail is the old one");
+        assert!(
+            matches!(again, RingProblem::Tail { tail: 0, .. }),
+            "{again}"
+        );
+        // An area outside RAM, or moved, is refused.
+        batch.tail = head;
+        batch.head = head;
+        batch.data_gpa = (1 << 20) - 2048;
+        mem.write(0x1000, batch.as_bytes()).expect("in RAM");
+        let moved = copy(&mem, 0x1000, &mut cursor).expect_err("moved");
+        assert!(matches!(moved, RingProblem::AreaMoved { .. }), "{moved}");
+        let outside = copy(&mem, 0x1000, &mut None).expect_err("outside");
+        assert!(matches!(
+            outside,
+            RingProblem::Tail { .. } | RingProblem::AreaOutside { .. }
+        ));
+        assert_eq!(
+            copy(&mem, (1 << 20) - 8, &mut None),
+            Err(RingProblem::Outside)
+        );
+    }
+}

@@ -1,6 +1,9 @@
-//! `vpmu profile --sweep`: samples delivered vs dropped and the workloads' slowdown at 1, 4
-//! and 10 kHz, in all mode (the profiler samples everything) and self mode (each domain
-//! itself), against a baseline run without sampling, all in one invocation.
+//! `vpmu profile --sweep`: page and ring delivery side by side at 1, 5, 10 and 20 kHz, in all
+//! mode (the profiler samples everything) and self mode (each domain itself): samples
+//! expected, delivered, lost and withheld, the workloads' slowdown against baseline runs
+//! without sampling, and where the time per sample goes (the core's PMI path on the VMM's
+//! clock, the guest's handler and shipping on its TSC, the kick's lateness), all in one
+//! invocation.
 
 use crate::ProfileError;
 use std::fmt::Write as _;
@@ -9,12 +12,15 @@ use kvm_bindings::CpuId;
 use kvm_ioctls::Kvm;
 use serde::Serialize;
 
-use super::run::{self, DomainPlan, Mode, Plan};
+use super::run::{self, DeliveryPath, DomainPlan, Mode, Plan};
 use super::{Delivery, Options, validate};
 use vpmu_machine::personality::Personality;
 
 /// The frequencies of the sweep (samples per second of CPU time).
-pub const FREQUENCIES: [u64; 3] = [1000, 4000, 10_000];
+pub const FREQUENCIES: [u64; 4] = [1000, 5000, 10_000, 20_000];
+
+/// The delivery paths compared.
+pub const PATHS: [DeliveryPath; 2] = [DeliveryPath::Page, DeliveryPath::Ring];
 
 /// Rounds of the sweep: every configuration runs once per round, each run between two
 /// baseline runs without sampling, and the row reports the medians. The host's speed for the
@@ -23,19 +29,25 @@ pub const FREQUENCIES: [u64; 3] = [1000, 4000, 10_000];
 /// right before and after it (their mean: linear drift cancels), and medians absorb the rest.
 pub const ROUNDS: usize = 3;
 
-/// One row of the sweep: a mode at a frequency, over `ROUNDS` runs.
+/// One row of the sweep: a mode at a frequency through one delivery path, over `ROUNDS` runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
     /// The mode.
     pub mode: &'static str,
     /// Samples per second of CPU time asked for.
     pub frequency_hz: u64,
+    /// The delivery path as the runs report it ("page (no ring)" if the ring was refused).
+    pub path: &'static str,
     /// Median samples expected per run.
     pub expected: f64,
     /// Median samples delivered per run.
     pub delivered: f64,
-    /// Median samples dropped by the vpmu per run.
+    /// Median samples dropped by the vpmu per run (ring mode: lost and withheld included).
     pub dropped: f64,
+    /// Median samples lost in the ring (ring mode).
+    pub lost_in_ring: f64,
+    /// Median samples withheld (ring mode).
+    pub withheld: f64,
     /// Median samples the guests could not buffer per run.
     pub lost_in_guest: f64,
     /// Median delivered / expected.
@@ -43,6 +55,15 @@ pub struct Row {
     /// Median over rounds of (the mean work rate of the baseline runs right before and after
     /// / this run's), each averaged over the workload domains (1.0: no slowdown).
     pub slowdown: f64,
+    /// Median microseconds in the core's PMI path per PMI (the VMM's clock).
+    pub hypervisor_us: f64,
+    /// Median guest microseconds (its TSC, preemptions included) in the VIRQ handler per
+    /// VIRQ: per sample on the page, per batch in the ring.
+    pub handler_us_per_virq: f64,
+    /// Median guest microseconds (handler and shipping) per delivered sample.
+    pub guest_us_per_sample: f64,
+    /// Median microseconds from a predicted overflow to the exit that raised its PMI.
+    pub kick_late_us: f64,
     /// Attribution held (100 %) in every run.
     pub attribution: bool,
     /// Every run's numbers.
@@ -74,6 +95,92 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// One row of the table.
+fn row(mode: Mode, f: u64, runs: Vec<(Delivery, f64, bool)>) -> Row {
+    let m = |get: &dyn Fn(&Delivery) -> f64| median(runs.iter().map(|r| get(&r.0)).collect());
+    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    Row {
+        mode: mode.name(),
+        frequency_hz: f,
+        path: runs.first().map_or("-", |r| r.0.path),
+        expected: m(&|d| d.expected as f64),
+        delivered: m(&|d| d.delivered as f64),
+        dropped: m(&|d| d.dropped as f64),
+        lost_in_ring: m(&|d| d.lost_in_ring as f64),
+        withheld: m(&|d| d.withheld as f64),
+        lost_in_guest: m(&|d| d.lost_in_guest as f64),
+        delivered_ratio: m(&|d| d.delivered as f64 / d.expected.max(1) as f64),
+        slowdown: median(runs.iter().map(|r| r.1).collect()),
+        hypervisor_us: m(&|d| nan(d.hypervisor_us_per_pmi)),
+        handler_us_per_virq: m(&|d| nan(d.guest_handler_us_per_virq)),
+        guest_us_per_sample: m(&|d| {
+            nan(d.guest_handler_us_per_sample) + nan(d.guest_ship_us_per_sample)
+        }),
+        kick_late_us: m(&|d| nan(d.kick_late_us)),
+        attribution: runs.iter().all(|r| r.2),
+        runs: runs.into_iter().map(|r| r.0).collect(),
+    }
+}
+
+/// The table's header line.
+const HEADER: [&str; 13] = [
+    "mode",
+    "Hz",
+    "path",
+    "expected",
+    "delivered",
+    "fraction",
+    "lost",
+    "withheld",
+    "slowdown",
+    "hv us/PMI",
+    "guest us/VIRQ",
+    "guest us/smp",
+    "kick us",
+];
+
+/// The table: one line per row, page and ring of each mode and frequency next to each other.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:<5} {:>6} {:<5} {:>8} {:>9} {:>8} {:>6} {:>8} {:>8} {:>9} {:>13} {:>12} {:>7} attribution\n",
+        HEADER[0],
+        HEADER[1],
+        HEADER[2],
+        HEADER[3],
+        HEADER[4],
+        HEADER[5],
+        HEADER[6],
+        HEADER[7],
+        HEADER[8],
+        HEADER[9],
+        HEADER[10],
+        HEADER[11],
+        HEADER[12]
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<5} {:>6} {:<5} {:>8.0} {:>9.0} {:>7.0}% {:>6.0} {:>8.0} {:>7.2}x {:>9.1} {:>13.1} \
+             {:>12.1} {:>7.0} {}",
+            r.mode,
+            r.frequency_hz,
+            r.path.split(' ').next().unwrap_or(r.path),
+            r.expected,
+            r.delivered,
+            100.0 * r.delivered_ratio,
+            r.lost_in_ring + r.lost_in_guest,
+            r.withheld,
+            r.slowdown,
+            r.hypervisor_us,
+            r.handler_us_per_virq,
+            r.guest_us_per_sample,
+            r.kick_late_us,
+            if r.attribution { "100 %" } else { "FAILED" }
+        );
+    }
+    out
+}
+
 /// Runs the sweep, prints the table and writes `sweep.json` and `sweep.txt`; Ok(true) if
 /// attribution held in every run.
 pub fn sweep<P: Personality + Copy + Sync>(
@@ -83,10 +190,10 @@ pub fn sweep<P: Personality + Copy + Sync>(
     options: &Options,
     workloads: &[DomainPlan],
 ) -> Result<bool, ProfileError> {
-    let plan = |mode, frequency| Plan {
+    let plan = |mode, frequency, delivery| Plan {
         mode,
         frequency,
-        delivery: options.delivery,
+        delivery,
         duration: options.duration,
         vcpus: options.vcpus,
         pcpus: options.pcpus,
@@ -94,9 +201,10 @@ pub fn sweep<P: Personality + Copy + Sync>(
         progress: options.progress,
         interrupt: None,
     };
-    let configs: Vec<(Mode, u64)> = [Mode::All, Mode::SelfOnly]
+    let configs: Vec<(Mode, u64, DeliveryPath)> = [Mode::All, Mode::SelfOnly]
         .into_iter()
         .flat_map(|m| FREQUENCIES.map(|f| (m, f)))
+        .flat_map(|(m, f)| PATHS.map(|d| (m, f, d)))
         .collect();
     let mut baselines = Vec::new();
     let baseline = |round: usize| -> Result<Delivery, ProfileError> {
@@ -104,19 +212,21 @@ pub fn sweep<P: Personality + Copy + Sync>(
             "vpmu profile --sweep: round {}/{ROUNDS}: baseline (no sampling)",
             round + 1
         );
-        Ok(Delivery::of(&run::run(kvm, cpuid, p, &plan(Mode::All, 0))?))
+        let data = run::run(kvm, cpuid, p, &plan(Mode::All, 0, DeliveryPath::Page))?;
+        Ok(Delivery::of(&data))
     };
     // runs[c][round], with the run's slowdown and attribution.
     let mut runs: Vec<Vec<(Delivery, f64, bool)>> = vec![Vec::new(); configs.len()];
     let mut before = baseline(0)?;
     for round in 0..ROUNDS {
-        for (c, &(mode, f)) in configs.iter().enumerate() {
+        for (c, &(mode, f, path)) in configs.iter().enumerate() {
             eprintln!(
-                "vpmu profile --sweep: round {}/{ROUNDS}: {} mode, {f} Hz",
+                "vpmu profile --sweep: round {}/{ROUNDS}: {} mode, {f} Hz, {}",
                 round + 1,
-                mode.name()
+                mode.name(),
+                path.name()
             );
-            let data = run::run(kvm, cpuid, p, &plan(mode, f))?;
+            let data = run::run(kvm, cpuid, p, &plan(mode, f, path))?;
             let delivery = Delivery::of(&data);
             let after = baseline(round)?;
             let flanking: Vec<f64> = before
@@ -134,22 +244,7 @@ pub fn sweep<P: Personality + Copy + Sync>(
     let rows: Vec<Row> = configs
         .iter()
         .zip(runs)
-        .map(|(&(mode, f), runs)| {
-            let m =
-                |get: &dyn Fn(&Delivery) -> f64| median(runs.iter().map(|r| get(&r.0)).collect());
-            Row {
-                mode: mode.name(),
-                frequency_hz: f,
-                expected: m(&|d| d.expected as f64),
-                delivered: m(&|d| d.delivered as f64),
-                dropped: m(&|d| d.dropped as f64),
-                lost_in_guest: m(&|d| d.lost_in_guest as f64),
-                delivered_ratio: m(&|d| d.delivered as f64 / d.expected.max(1) as f64),
-                slowdown: median(runs.iter().map(|r| r.1).collect()),
-                attribution: runs.iter().all(|r| r.2),
-                runs: runs.into_iter().map(|r| r.0).collect(),
-            }
-        })
+        .map(|(&(mode, f, _), runs)| row(mode, f, runs))
         .collect();
     let base_means: Vec<f64> = baselines
         .iter()
@@ -161,39 +256,19 @@ pub fn sweep<P: Personality + Copy + Sync>(
         "{}: {} workload domains of {} vCPUs and the profiler on {} pCPUs; {ROUNDS} rounds \
          of {:.1} s runs, each run between two baseline runs without sampling; medians\n\
          the {} baseline runs' work rate (rounds/s, mean of the workload domains) ranged \
-         {lowest:.0}-{highest:.0}: the host's own drift\n\n\
-         {:<5} {:>6} {:>9} {:>9} {:>8} {:>6} {:>10} {:>9} {:>11}\n",
+         {lowest:.0}-{highest:.0}: the host's own drift\n\
+         lost: in the ring (and in the guest's buffers); hv us/PMI: the core's PMI path on the \
+         VMM's clock; guest us/VIRQ and us/smp: the guest's TSC in its VIRQ handler per VIRQ \
+         and in handler + shipping per sample (preemptions included); kick us: from the \
+         predicted overflow to the PMI\n\n",
         p.name(),
         workloads.len(),
         options.vcpus,
         options.pcpus,
         options.duration.as_secs_f64(),
         baselines.len(),
-        "mode",
-        "Hz",
-        "expected",
-        "delivered",
-        "dropped",
-        "lost",
-        "delivered",
-        "slowdown",
-        "attribution"
     );
-    for r in &rows {
-        let _ = writeln!(
-            out,
-            "{:<5} {:>6} {:>9.0} {:>9.0} {:>8.0} {:>6.0} {:>9.0}% {:>8.2}x {:>11}",
-            r.mode,
-            r.frequency_hz,
-            r.expected,
-            r.delivered,
-            r.dropped,
-            r.lost_in_guest,
-            100.0 * r.delivered_ratio,
-            r.slowdown,
-            if r.attribution { "100 %" } else { "FAILED" }
-        );
-    }
+    out += &table(&rows);
     print!("{out}");
     let path = options.out.join("sweep.json");
     let body = serde_json::to_string_pretty(&serde_json::json!({

@@ -414,6 +414,7 @@ mod tests {
         RunData {
             mode: Mode::All,
             frequency: 1000,
+            delivery: crate::DeliveryPath::Page,
             tsc_khz: 1_000_000,
             period: 1_000_000,
             pcpus: 1,
