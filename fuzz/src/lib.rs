@@ -86,6 +86,7 @@ pub const TARGETS: &[Target] = &[
             targets::core_world::PUBLISHED,
             targets::core_world::MIGRATED,
             targets::core_world::HOSTILE_FLUSH,
+            targets::core_world::HOSTILE_RING,
         ],
     },
     Target {
@@ -95,6 +96,15 @@ pub const TARGETS: &[Target] = &[
             targets::ring_reader::SAMPLE_WITH_CHAIN,
             targets::ring_reader::LOST,
             targets::ring_reader::PAD_WRAPPED,
+        ],
+    },
+    Target {
+        name: "ring_producer",
+        run: targets::ring_producer::run,
+        deep: &[
+            targets::ring_producer::PUBLISHED,
+            targets::ring_producer::LOST,
+            targets::ring_producer::PAD,
         ],
     },
 ];

@@ -44,6 +44,8 @@ pub fn all() -> Vec<Seed> {
     });
     seeds.extend(core_worlds());
     seeds.extend(crate::targets::ring_reader::seeds());
+    seeds.extend(crate::targets::ring_producer::seeds());
+    seeds.extend(crate::targets::core_world::ring_seeds());
     seeds
 }
 

@@ -10,6 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use vpmu_fuzz::targets::core_world::CoreInput;
+use vpmu_fuzz::targets::ring_producer::RingInput;
 use vpmu_fuzz::{TARGETS, reached_count, seeds};
 
 fn corpus(target: &str) -> PathBuf {
@@ -139,5 +140,13 @@ fn ring_reader_seeds_read_to_head_or_stop_at_their_broken_record() {
                 seed.name
             );
         }
+    }
+}
+
+#[test]
+fn ring_producer_seeds_round_trip_through_the_format() {
+    for seed in seeds::all().iter().filter(|s| s.target == "ring_producer") {
+        let input = RingInput::parse(&seed.bytes).expect("a seed decodes");
+        assert_eq!(input.to_bytes(), seed.bytes, "{}", seed.name);
     }
 }

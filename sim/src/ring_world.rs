@@ -31,7 +31,7 @@ use zerocopy::IntoBytes;
 use super::helpers::sampling;
 use super::machine::Machine;
 use super::platform::guest_frame;
-use super::ring::{RingGuest, Stream, config};
+use super::ring::{Record, RingGuest, Stream, config};
 use super::snapshot::Snapshot;
 use super::vendor::SimVendor;
 use super::workload::{Instruction, function_base};
@@ -148,8 +148,12 @@ pub struct RingWorld<V: SimVendor> {
     pub mode: u64,
     /// The profilers.
     pub subjects: Vec<Subject>,
-    /// Records read in all.
+    /// Sample records read in all.
     pub records_read: u64,
+    /// Lost records read in all.
+    pub lost_read: u64,
+    /// PAD records read in all.
+    pub pads_read: u64,
 }
 
 impl<V: SimVendor> RingWorld<V> {
@@ -199,6 +203,8 @@ impl<V: SimVendor> RingWorld<V> {
             mode,
             subjects,
             records_read: 0,
+            lost_read: 0,
+            pads_read: 0,
         };
         for k in 0..SUBJECTS {
             world.register(k);
@@ -433,9 +439,16 @@ impl<V: SimVendor> RingWorld<V> {
             records.len().min(usize::from(limit))
         };
         let tail = records.get(take).map_or(head, |&(position, _)| position);
-        self.records_read += take as u64;
-        s.stream
-            .take(records.into_iter().take(take).map(|(_, r)| r).collect());
+        let read: Vec<Record> = records.into_iter().take(take).map(|(_, r)| r).collect();
+        for record in &read {
+            match record {
+                Record::Sample(..) => self.records_read += 1,
+                Record::Lost(_) => self.lost_read += 1,
+                Record::Pad(_) => self.pads_read += 1,
+                Record::Unknown(_) => {}
+            }
+        }
+        s.stream.take(read);
         s.ring.store_tail(&mut self.m.platform, tail);
         s.good_tail = tail;
     }

@@ -9,8 +9,10 @@
 //!
 //! Alongside, a hostile vCPU (domain 2, unprivileged, not driven by the World) makes arbitrary
 //! guest RDMSR/WRMSR/RDPMC, arbitrary control operations (any number, version, vCPU, value;
-//! pages registered in its own frames), arbitrary edits of its own frames, and runs
-//! instructions that overflow whatever it programmed. It must never disturb the World's guests
+//! pages registered in its own frames; sample rings, ABI 1.4, registered from a configuration
+//! its ring area starts with, or finished), arbitrary edits of its own frames and of its ring
+//! area (tails and configurations included), consumes its ring, and runs instructions that
+//! overflow whatever it programmed. It must never disturb the World's guests
 //! (their ground truth stays exact), its PMIs must reach it and nobody else, and without a vPMU
 //! (off and all mode) every access to a PMU MSR faults. Nothing may make the core return an
 //! error or panic.
@@ -22,23 +24,32 @@
 use vpmu::abi::ops::{Params, Version};
 use vpmu::abi::{
     PageView, XENPMU_MODE_ALL, XENPMU_MODE_HV, XENPMU_MODE_OFF, XENPMU_MODE_SELF, XENPMU_OP_FLUSH,
-    XENPMU_OP_INIT,
+    XENPMU_OP_INIT, XENPMU_OP_RING_FINISH, XENPMU_OP_RING_INIT,
 };
 use vpmu::{MsrOutcome, PmiOutcome, PmuBackend};
 use vpmu_sim::plan::{CounterSpec, PlanSpec};
 use vpmu_sim::platform::{FRAMES_PER_DOMAIN, guest_frame};
+use vpmu_sim::ring::{self, RingGuest};
 use vpmu_sim::{
     Run, Scenario, SimEvent, SimVendor, Step, Timing, World, amd_legacy, amd_v2, intel_v2, intel_v5,
 };
 
+use crate::seeds::Seed;
 use crate::shapes::{ACCESS_BYTES, Access};
 
 /// Milestone: a World guest's page handler read a published sample.
 pub const PUBLISHED: &str = "core_world: a sample published and read from a page";
 /// Milestone: a World guest with programmed counters ran on the other pCPU than before.
 pub const MIGRATED: &str = "core_world: a vCPU with live counters migrated";
+/// Milestone: the hostile vCPU's consumer found records in its ring.
+pub const HOSTILE_RING: &str = "core_world: the hostile vCPU's ring holds records";
 /// Milestone: the hostile vCPU flushed its page while a sample of its own was cached.
 pub const HOSTILE_FLUSH: &str = "core_world: a hostile flush of a cached sample";
+
+/// The first frame (index in the hostile domain) of the hostile vCPU's ring area: a control
+/// page holding a valid configuration (2 data pages, counter 0 re-armed every 17), then the
+/// data pages.
+pub const RING_AREA: u64 = 0x10;
 
 /// pCPUs of every machine.
 pub const PCPUS: u32 = 2;
@@ -128,9 +139,12 @@ pub enum Action {
     Access(Access),
     /// A hostile action: `kind % 4` is 0: control operation `a % 10` on vCPU `b & 3`
     /// (`u32::MAX` if `b & 4`) with `val` = `value` (an INIT's `value` below 8 names that
-    /// frame of its domain), version major 0 if `b & 0x100`, `_pad0` 1 if `b & 0x200`; 1: runs
-    /// `1 + value % 150` instructions on pCPU `a & 1`; 2: writes `value` at byte `b % 4089` of
-    /// its frame `a % 4`; 3: XENPMU_OP_FLUSH.
+    /// frame of its domain; a RING_INIT's names frame `RING_AREA + value`), version major 0 if
+    /// `b & 0x100`, `_pad0` 1 if `b & 0x200`; operation 9 is RING_FINISH if `b & 0x400`; 1:
+    /// runs `1 + value % 150` instructions on pCPU `a & 1`; 2: writes `value` at byte
+    /// `b % 4089` of its frame `a % 4` (of its ring area, from `RING_AREA`, if `a & 0x80`), or
+    /// with `b & 0x8000` consumes its ring (stores the head it finds as the tail); 3:
+    /// XENPMU_OP_FLUSH.
     Hostile {
         /// What.
         kind: u8,
@@ -398,6 +412,12 @@ pub fn play<V: SimVendor>(vendor: V, input: &CoreInput) {
     let mut world = World::new(vendor, &scenario);
     let hostile = world.guests.len() - 1;
     let world_vcpus = hostile;
+    RingGuest::prepare(
+        &mut world.m.platform,
+        HOSTILE_DOMAIN,
+        guest_frame(HOSTILE_DOMAIN, RING_AREA),
+        &ring::config(2, 0, 0, &[(false, 0, 17)]),
+    );
     let mut budget = MAX_RETIRED;
     let mut last_pcpu = vec![None; world_vcpus];
     for action in &input.actions {
@@ -513,10 +533,10 @@ fn hostile_action<V: SimVendor>(
     let id = world.guests[hostile].id;
     match kind % 4 {
         0 | 3 => {
-            let op = if kind % 4 == 3 {
-                XENPMU_OP_FLUSH
-            } else {
-                u32::from(a % 10)
+            let op = match u32::from(a % 10) {
+                _ if kind % 4 == 3 => XENPMU_OP_FLUSH,
+                XENPMU_OP_RING_INIT if b & 0x400 != 0 => XENPMU_OP_RING_FINISH,
+                op => op,
             };
             let mut params = Params::new(value, u32::from(b & 3));
             if kind.is_multiple_of(4) {
@@ -532,6 +552,9 @@ fn hostile_action<V: SimVendor>(
             }
             if op == XENPMU_OP_INIT && value < 8 {
                 params.val = guest_frame(HOSTILE_DOMAIN, value);
+            }
+            if op == XENPMU_OP_RING_INIT && value < 8 {
+                params.val = guest_frame(HOSTILE_DOMAIN, RING_AREA + value);
             }
             let cached = op == XENPMU_OP_FLUSH && page_cached(world);
             let result = world.m.op(id, op, &params);
@@ -565,8 +588,24 @@ fn hostile_action<V: SimVendor>(
                 });
             }
         }
+        _ if b & 0x8000 != 0 => {
+            // The consumer: everything up to the head it finds is read.
+            let ring = RingGuest {
+                domain: HOSTILE_DOMAIN,
+                gfn: guest_frame(HOSTILE_DOMAIN, RING_AREA),
+                data_pages: 2,
+                tail: 0,
+            };
+            let head = ring.producer(&world.m.platform).head;
+            let mut ring = ring;
+            ring.store_tail(&mut world.m.platform, head);
+            if head != 0 {
+                crate::reached(HOSTILE_RING);
+            }
+        }
         _ => {
-            let gfn = guest_frame(HOSTILE_DOMAIN, u64::from(a) % FRAMES_PER_DOMAIN);
+            let first = if a & 0x80 != 0 { RING_AREA } else { 0 };
+            let gfn = guest_frame(HOSTILE_DOMAIN, first + u64::from(a) % FRAMES_PER_DOMAIN);
             let frame = world.m.platform.frame_mut(HOSTILE_DOMAIN, gfn);
             let bytes = zerocopy::IntoBytes::as_mut_bytes(frame);
             let at = usize::from(b) % (bytes.len() - 7);
@@ -598,4 +637,107 @@ fn take_hostile_interrupts<V: SimVendor>(world: &mut World<V>, hostile: usize) {
         );
         queue.clear();
     }
+}
+
+/// Seeds for the ring actions: on each shape in self mode, the World's sampling guest runs
+/// while the hostile vCPU registers its page, unmasks it, programs a sampling counter with the
+/// driver's writes, registers its ring (the configuration at `RING_AREA`), runs into samples,
+/// consumes its ring, scribbles a tail, runs again and finishes the ring.
+pub fn ring_seeds() -> Vec<Seed> {
+    let mut seeds = Vec::new();
+    for (vendor, name) in [
+        (0u8, "intel-v5"),
+        (1, "intel-v2"),
+        (2, "amd-perfmonv2"),
+        (3, "amd-k7"),
+    ] {
+        let program = match vendor {
+            0 => driver_program(&intel_v5()),
+            1 => driver_program(&intel_v2()),
+            2 => driver_program(&amd_v2()),
+            _ => driver_program(&amd_legacy()),
+        };
+        let hostile = |kind, a, b, value| Action::Hostile { kind, a, b, value };
+        let lvtpc = core::mem::offset_of!(vpmu::abi::Page, lapic_lvtpc) as u16;
+        let tail = vpmu::abi::XENPMU_RING_CONSUMER_OFFSET as u16;
+        let mut actions = vec![
+            Action::Run {
+                pcpu: 0,
+                vcpu: 0,
+                count: 60,
+            },
+            hostile(0, XENPMU_OP_INIT as u8, 0, 0),
+            hostile(2, 0, lvtpc, 0),
+            hostile(0, vpmu::abi::XENPMU_OP_LVTPC_SET as u8, 0, 0),
+            hostile(0, XENPMU_OP_RING_INIT as u8, 0, 0),
+        ];
+        actions.extend(program.into_iter().map(Action::Access));
+        actions.extend([
+            hostile(1, 1, 0, 120),
+            hostile(2, 0, 0x8000, 0),
+            hostile(2, 0x80, tail, 0xdead_beef),
+            hostile(1, 0, 0, 60),
+            Action::Run {
+                pcpu: 1,
+                vcpu: 0,
+                count: 50,
+            },
+            hostile(2, 0, 0x8000, 0),
+            hostile(1, 1, 0, 40),
+            hostile(0, XENPMU_OP_RING_INIT as u8, 0x400, 0),
+            hostile(1, 0, 0, 30),
+            hostile(3, 0, 0, 0),
+        ]);
+        let sampler = GuestIn {
+            page: true,
+            counters: vec![CounterIn {
+                slot: 0,
+                flags: 0b1110,
+                period: 20,
+                initial: 0,
+            }],
+            runs: vec![RunIn {
+                function: 1,
+                len: 30,
+                branch_every: 2,
+            }],
+        };
+        let input = CoreInput {
+            vendor,
+            mode: 1,
+            flags: 0,
+            guests: vec![
+                GuestIn {
+                    page: false,
+                    counters: Vec::new(),
+                    runs: sampler.runs.clone(),
+                },
+                sampler,
+            ],
+            actions,
+        };
+        seeds.push(Seed {
+            target: "core_world",
+            name: format!("seed-{name}-ring"),
+            bytes: input.to_bytes(),
+        });
+    }
+    seeds
+}
+
+/// The hostile vCPU's driver writes: counter 0 sampling every 30 instructions.
+fn driver_program<S: SimVendor>(shape: &S) -> Vec<Access> {
+    let driver = shape.driver();
+    let ranges = shape.backend().msr_ranges();
+    let setup = vpmu_sim::helpers::sampling(0, 30);
+    let mut writes = vec![
+        driver.disable(setup.ctr),
+        driver.write_counter(setup.ctr, setup.start_value()),
+        driver.control(&setup),
+    ];
+    writes.extend(driver.global_enable(setup.bit()));
+    writes
+        .into_iter()
+        .map(|(msr, value)| Access::to(ranges, msr, value, false))
+        .collect()
 }

@@ -7,4 +7,5 @@ pub mod flush_verify;
 pub mod guest_msr;
 pub mod page_view;
 pub mod profile_batch;
+pub mod ring_producer;
 pub mod ring_reader;
