@@ -203,3 +203,58 @@ fn period_zero_is_not_re_armed<V: SimVendor>(vendor: V) {
 fn a_counter_with_period_zero_keeps_counting_from_its_wrap() {
     for_each_vendor!(period_zero_is_not_re_armed);
 }
+
+/// The hardware accesses of one ring PMI that re-arms `counters` of `counters` sampling
+/// counters (docs/core.md quotes them): no save, no load, no LVTPC mask; the overflow status
+/// read and acknowledged (PerfMonV2 and Intel) or each armed counter read (K7), then one read
+/// and one write per re-armed counter.
+fn accesses_per_ring_pmi<V: SimVendor>(vendor: V) {
+    let name = vendor.name();
+    let driver = vendor.driver();
+    for sampling_counters in [1u32, 3] {
+        let mut m = Machine::new(vendor.clone(), 1, &[1, 1], XENPMU_MODE_SELF);
+        m.schedule(0, Some(SUBJECT));
+        m.register_page(SUBJECT);
+        let gfn = guest_frame(1, 0x100);
+        let periods: Vec<(bool, usize, u64)> = (0..sampling_counters as usize)
+            .map(|c| (false, c, 100))
+            .collect();
+        let mut ring = RingGuest::prepare(&mut m.platform, 1, gfn, &config(4, 0, 0, &periods));
+        assert!(
+            m.op(SUBJECT, XENPMU_OP_RING_INIT, &Params::new(gfn, 0))
+                .is_ok()
+        );
+        let setups: Vec<_> = (0..sampling_counters).map(|c| sampling(c, 100)).collect();
+        m.program(SUBJECT, &setups);
+        m.run(0, 99);
+        let before = m.hw_stats()[0];
+        // All of them overflow at the same instruction.
+        let pmi = m.run(0, 1).pop().expect("a PMI");
+        assert!(
+            matches!(pmi.outcome, Some(PmiOutcome::Delivered { .. })),
+            "{name}"
+        );
+        let after = m.hw_stats()[0];
+        let (reads, writes) = (after.reads - before.reads, after.writes - before.writes);
+        let detect = if driver.has_global() {
+            (1, 1)
+        } else {
+            (sampling_counters, 0)
+        };
+        assert_eq!(
+            (reads, writes),
+            (
+                u64::from(detect.0 + sampling_counters),
+                u64::from(detect.1 + sampling_counters)
+            ),
+            "{name}: {sampling_counters} re-armed"
+        );
+        println!("{name}: {sampling_counters} counters re-armed: {reads} reads, {writes} writes");
+        ring.consume(&mut m.platform).expect("well formed");
+    }
+}
+
+#[test]
+fn a_ring_pmi_costs_the_status_and_a_read_and_write_per_re_armed_counter() {
+    for_each_vendor!(accesses_per_ring_pmi);
+}
