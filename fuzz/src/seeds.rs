@@ -274,8 +274,16 @@ fn ring_shipments(samples: &[BatchSample]) -> Vec<Vec<u8>> {
     let mut record = vec![0u8; vpmu::abi::XENPMU_RECORD_MAX];
     let (mut head, mut sequence, mut records, mut lost) = (0u64, 0u64, 0u64, 0u64);
     let mut cuts = vec![0u64];
+    // Each shipment's bytes as the VMM copies them, before later records reuse the area.
+    let mut shipped: Vec<Vec<u8>> = Vec::new();
+    let copy_out = |data: &[u8], tail: u64, head: u64| -> Vec<u8> {
+        (tail..head)
+            .map(|p| data[(p % DATA_SIZE as u64) as usize])
+            .collect()
+    };
     for (i, s) in samples.iter().enumerate() {
         if i == samples.len() / 2 {
+            shipped.push(copy_out(&data, 0, head));
             cuts.push(head);
             // Two samples found the ring full: a lost record precedes the next sample.
             sequence += 2;
@@ -309,6 +317,7 @@ fn ring_shipments(samples: &[BatchSample]) -> Vec<Vec<u8>> {
         head = append_record(&mut data, tail, head, &record[..size]).expect("room");
         records += 1;
     }
+    shipped.push(copy_out(&data, *cuts.last().expect("a cut"), head));
     cuts.push(head);
     assert!(
         head > DATA_SIZE as u64,
@@ -332,11 +341,7 @@ fn ring_shipments(samples: &[BatchSample]) -> Vec<Vec<u8>> {
                 ..RingBatch::default()
             };
             let mut bytes = batch.as_bytes().to_vec();
-            let mut position = tail;
-            while position < head {
-                bytes.push(data[(position % DATA_SIZE as u64) as usize]);
-                position += 1;
-            }
+            bytes.extend(&shipped[i]);
             bytes
         })
         .collect()
