@@ -32,7 +32,7 @@ impl PmiTiming {
     }
 
     /// The sum of two vCPUs' totals.
-    pub fn add(self, other: PmiTiming) -> PmiTiming {
+    pub fn plus(self, other: PmiTiming) -> PmiTiming {
         PmiTiming {
             pmis: self.pmis + other.pmis,
             handle_ns: self.handle_ns.saturating_add(other.handle_ns),
@@ -74,7 +74,7 @@ mod tests {
         t.record(Duration::from_micros(30), None);
         assert_eq!(t.handle_us(), Some(20.0));
         assert_eq!(t.kick_late_us(), Some(100.0));
-        let sum = t.add(t);
+        let sum = t.plus(t);
         assert_eq!((sum.pmis, sum.kicked), (4, 2));
         assert_eq!(sum.handle_us(), Some(20.0));
         let now = Instant::now();

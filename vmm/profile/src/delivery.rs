@@ -78,7 +78,7 @@ impl Delivery {
             .results
             .iter()
             .fold(vpmu_machine::timing::PmiTiming::default(), |t, r| {
-                t.add(r.pmi_timing)
+                t.plus(r.pmi_timing)
             });
         let ticks = data.shipments.iter().fold((0u64, 0u64), |(h, s), (_, sh)| {
             (h + sh.guest_ticks.0, s + sh.guest_ticks.1)
@@ -162,7 +162,7 @@ fn ring_totals(data: &RunData) -> Option<RingTotals> {
     data.shipments
         .iter()
         .filter_map(|(_, s)| s.ring)
-        .reduce(|a, b| a.add(&b))
+        .reduce(|a, b| a.plus(&b))
 }
 
 /// Ring mode: the losses are accounted for exactly, per shipping vCPU: every gap in the
@@ -198,7 +198,7 @@ pub fn ring_accounting(data: &RunData) -> Option<Check> {
     let total = rings
         .iter()
         .map(|(_, r)| *r)
-        .reduce(|a, b| a.add(&b))
+        .reduce(|a, b| a.plus(&b))
         .unwrap_or_default();
     let detail = format!(
         "{} records, {} lost ({} in {} lost records, {} after the last record), {} withheld, \

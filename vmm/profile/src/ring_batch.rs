@@ -304,7 +304,7 @@ impl RingTotals {
     }
 
     /// The sum of two vCPUs' totals.
-    pub fn add(&self, o: &RingTotals) -> RingTotals {
+    pub fn plus(&self, o: &RingTotals) -> RingTotals {
         RingTotals {
             shipments: self.shipments + o.shipments,
             samples: self.samples + o.samples,
