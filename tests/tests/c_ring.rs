@@ -5,14 +5,17 @@
 //! its errno, every record with every field (the fixed part's and the chain's bytes hashed),
 //! the code that ends each walk and its errno, and the tail after it.
 //!
-//! The corpus holds valid rings (empty, full, wrapped with PADs, positions wrapping at 2^64,
+//! The corpus holds valid rings (empty, full, wrapped with PADs, positions straddling 2^32 and 2^64,
 //! full call chains, lost records, a kind from a later minor) and corrupt ones (each
 //! `RingError` of the info check and of the reader, some after valid records), plus
-//! pseudo-random data areas. `VPMU_BLESS=1` rewrites the committed files after a change to the
-//! generator: `VPMU_BLESS=1 cargo test -p vpmu-tests --test c_ring`.
+//! pseudo-random rings with a record broken (`c_ring/corpus.rs` generates them).
+//! `VPMU_BLESS=1 cargo test -p vpmu-tests --test c_ring` rewrites the committed files after a
+//! change to the generator.
 //!
-//! The second test runs `tests/c/ring_ordering.c`: a producer thread and a consumer thread
-//! sharing one ring, at -m32 and -m64, through positions that cross 2^32 boundaries and 2^64.
+//! Then the ordering helpers: `tests/c/ring_ordering.c` runs a producer thread and a consumer
+//! thread on one ring at -m32 and -m64, through positions that cross 2^32 boundaries and 2^64;
+//! and the code gcc makes of `xenpmu_ring_head_acquire()`/`_tail_release()` is read to show
+//! each is one 8-byte access (`lock cmpxchg8b` at -m32, also with a 32-bit kernel's flags).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -241,4 +244,99 @@ fn a_consumer_thread_never_sees_a_torn_or_reordered_record_at_either_width() {
             .expect("the program reports its record count");
         assert!(records >= 100_000, "-m{width}: {records} records consumed");
     }
+}
+
+/// The assembly gcc makes of `body` (C using the header) at `-m{width}` with `extra` flags.
+fn assembly(width: u32, extra: &[&str], body: &str) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let source = dir.join("ring_positions.c");
+    std::fs::write(&source, format!("#include \"xenpmu.h\"\n{body}")).expect("write the source");
+    let output = std::process::Command::new("gcc")
+        .args([
+            "-std=c11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-S",
+            "-o",
+            "-",
+        ])
+        .arg(format!("-m{width}"))
+        .args(extra)
+        .arg("-I")
+        .arg(workspace_root().join("abi/include"))
+        .arg(&source)
+        .output()
+        .expect("run gcc");
+    assert!(
+        output.status.success(),
+        "gcc -m{width} -S: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
+/// The instructions of `function` in gcc's assembly (labels and directives dropped).
+fn instructions<'a>(asm: &'a str, function: &str) -> Vec<&'a str> {
+    asm.lines()
+        .skip_while(|l| *l != format!("{function}:"))
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with(".size") && !l.trim_start().starts_with(".LFE"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('.') && !l.starts_with('#'))
+        .collect()
+}
+
+/// docs/abi.md "Memory ordering": a 32-bit owner loads `head` and stores `tail` with one atomic
+/// 8-byte access. The two-thread test cannot catch a torn access reliably (it needs the race at
+/// the moment a position crosses 2^32), so this reads the code gcc makes of the helpers: at
+/// -m32 the only accesses to `head` and the only stores to `tail` are `lock cmpxchg8b`, also
+/// with a 32-bit kernel's flags (no x87, no SSE: no libatomic call either); at -m64 one `movq`.
+#[test]
+fn the_position_helpers_are_one_8_byte_access_at_both_widths() {
+    let body = "uint64_t head_of(const xenpmu_ring_control *ctl) { return xenpmu_ring_head_acquire(ctl); }\n\
+                void tail_to(xenpmu_ring_control *ctl, uint64_t tail) { xenpmu_ring_tail_release(ctl, tail); }\n";
+    let kernel_32: &[&str] = &["-msoft-float", "-mno-sse", "-mno-mmx", "-ffreestanding"];
+    for extra in [&[][..], kernel_32] {
+        let asm = assembly(32, extra, body);
+        let head = instructions(&asm, "head_of");
+        let touching_head: Vec<&&str> = head
+            .iter()
+            .filter(|i| i.contains("320(") || i.contains("324("))
+            .collect();
+        assert!(
+            matches!(touching_head.as_slice(), [only] if only.contains("lock; cmpxchg8b 320(")),
+            "-m32 {extra:?}: head read other than by one cmpxchg8b: {head:#?}"
+        );
+        let tail = instructions(&asm, "tail_to");
+        let stores: Vec<&&str> = tail
+            .iter()
+            .filter(|i| i.ends_with("384(%esi)") || i.contains(", 384(") || i.contains(", 388("))
+            .collect();
+        assert!(
+            matches!(stores.as_slice(), [only] if only.contains("lock; cmpxchg8b 384(")),
+            "-m32 {extra:?}: tail written other than by cmpxchg8b: {tail:#?}"
+        );
+        assert!(
+            !asm.contains("call"),
+            "-m32 {extra:?}: the helpers call out (libatomic?):\n{asm}"
+        );
+    }
+    let asm = assembly(64, &[], body);
+    let head = instructions(&asm, "head_of");
+    assert!(
+        head.iter().filter(|i| i.contains("320(")).count() == 1
+            && head.iter().any(|i| i.starts_with("movq\t320(")),
+        "-m64: head read other than by one movq: {head:#?}"
+    );
+    let tail = instructions(&asm, "tail_to");
+    assert!(
+        tail.iter().filter(|i| i.contains("384(")).count() == 1
+            && tail
+                .iter()
+                .any(|i| i.starts_with("movq\t") && i.ends_with(", 384(%rdi)")),
+        "-m64: tail written other than by one movq: {tail:#?}"
+    );
 }
