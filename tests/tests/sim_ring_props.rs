@@ -181,7 +181,19 @@ fn a_long_fixed_run_fills_wraps_and_loses() {
                 .sum();
             assert!(lost > 0, "{}: the rings filled up", vendor.name());
             world.finish();
-            assert!(world.records_read > 100, "{}", vendor.name());
+            println!(
+                "{} (all {all}): {} samples, {} lost records, {} PADs read",
+                vendor.name(),
+                world.records_read,
+                world.lost_read,
+                world.pads_read
+            );
+            assert!(world.records_read > 50, "{}", vendor.name());
+            assert!(
+                world.lost_read > 0 && world.pads_read > 0,
+                "{}",
+                vendor.name()
+            );
         }
     }
     vpmu_tests::for_each_vendor!(run);
