@@ -366,7 +366,10 @@ mod tests {
         let (addr, size) = Symbols::address_of(vpmu_guests::WORK, "profile_config")
             .expect("an ELF")
             .expect("the work guest has profile_config");
-        assert!(addr >= 0x10_0000 && size == 40, "{addr:#x} {size}");
+        assert!(
+            addr >= 0x10_0000 && size == vpmu_guest_protocol::profile::PROFILE_CONFIG_SIZE as u64,
+            "{addr:#x} {size}"
+        );
         assert_eq!(
             Symbols::address_of(vpmu_guests::WORK, "no_such_symbol"),
             Ok(None)
