@@ -96,8 +96,7 @@ fn section<'a>(console: &'a str, name: &str) -> Option<&'a str> {
 /// What the kernel must say about each personality's PMU.
 /// The host's CPU family (CPUID.1:EAX, with the extended family), which the guest sees too.
 fn host_cpu_family() -> u32 {
-    // SAFETY: CPUID leaf 1 exists on every x86-64 processor and has no side effects.
-    let eax = unsafe { std::arch::x86_64::__cpuid(1) }.eax;
+    let eax = std::arch::x86_64::__cpuid(1).eax;
     let base = eax >> 8 & 0xf;
     if base == 0xf {
         base + (eax >> 20 & 0xff)
