@@ -263,14 +263,15 @@ fn user_guests() {
     let checks = check_names(&doc);
     assert_eq!(
         checks.len(),
-        2,
-        "only attribution and fairness without the built-in workloads: {checks:?}"
+        3,
+        "only attribution, fairness and the ring's loss accounting without the built-in workloads: {checks:?}"
     );
     assert!(
         checks[0].0.starts_with("attribution") && checks[0].1,
         "{checks:?}"
     );
     assert!(checks[1].0.starts_with("fairness"), "{checks:?}");
+    assert!(checks[2].0.starts_with("ring losses"), "{checks:?}");
     assert!(check_failed(&doc).is_none(), "{checks:?}");
     for d in [1, 2] {
         let dom = domain(&doc, &origin(d));

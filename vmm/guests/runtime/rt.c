@@ -16,6 +16,8 @@ struct xenpmu_transport xenpmu_transport;
 static volatile u64 user_saved_rsp[MAX_CPUS];
 /* user.S */
 extern char user_return[], user_resume[];
+void virq_entry(void); /* user.S: the VIRQ gate, which calls virq_body */
+void virq_body(void);
 u64 user_enter(u64 (*fn)(u64), u64 arg, u64 user_rsp, volatile u64 *saved_rsp, u64 *tss_rsp0,
                volatile u64 *active);
 int failures, passes;
@@ -132,8 +134,9 @@ u64 user_call(u64 (*fn)(u64), u64 arg, void *stack_top) {
     return user_enter(fn, arg, (u64)stack_top & ~15ul, &user_saved_rsp[cpu], rsp0, &user_active[cpu]);
 }
 
-__attribute__((interrupt)) static void virq_handler(struct iframe *f) {
-    (void)f;
+/* Called by virq_entry (user.S) with RBP = 0: see there why the VIRQ is not an
+ * `__attribute__((interrupt))` handler. */
+void virq_body(void) {
     virq_count++;
     if (virq_hook) virq_hook();
     apic_write(LAPIC_EOI, 0);
@@ -182,7 +185,7 @@ void rt_init(void) {
     xenpmu_transport_ready();
     if ((xenpmu_transport.flags & XENPMU_TRANSPORT_VIRQ_VECTOR) && xenpmu_transport.vector >= 32 &&
         xenpmu_transport.vector != PMI_VECTOR)
-        set_gate((int)xenpmu_transport.vector, virq_handler);
+        set_gate((int)xenpmu_transport.vector, (void *)virq_entry);
     __asm__ volatile("lidt %0" ::"m"(idtr));
     apic_write(LAPIC_SVR, 0x1ff);
     apic_write(LAPIC_LVTPC, PMI_VECTOR);

@@ -45,3 +45,44 @@ user_resume:
     pop %rbp
     pop %rbx
     ret
+
+/* virq_entry: the PMU VIRQ's gate. An `__attribute__((interrupt))` handler pushes RBP right
+ * below the hardware's interrupt frame, so its frame's "return address" slot holds the
+ * interrupted RIP: a call-chain walk from a sample taken inside the handler (ring mode keeps
+ * the counters running there) appends that exact RIP, which a profiler symbolizes one byte
+ * early, as a return address, in whatever precedes it. This entry saves the registers the C
+ * ABI lets virq_body clobber without making a frame of its own, then calls it with RBP = 0:
+ * the chain of a sample in virq_body ends there (COMPLETE), as a kernel's entry code ends the
+ * frame chain at an interrupt, and a sample on these few instructions walks the interrupted
+ * code's own frames, whose return addresses are genuine. */
+    .globl virq_entry
+    .type virq_entry, @function
+    .p2align 4
+virq_entry:
+    push %rax
+    push %rcx
+    push %rdx
+    push %rsi
+    push %rdi
+    push %r8
+    push %r9
+    push %r10
+    push %r11
+    push %rbp
+    xor %ebp, %ebp
+    sub $8, %rsp            /* the frame (40 bytes) + 10 pushes: realign to 16 for the call */
+    cld
+    call virq_body
+    add $8, %rsp
+    pop %rbp
+    pop %r11
+    pop %r10
+    pop %r9
+    pop %r8
+    pop %rdi
+    pop %rsi
+    pop %rdx
+    pop %rcx
+    pop %rax
+    iretq
+    .size virq_entry, . - virq_entry
