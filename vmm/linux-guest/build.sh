@@ -130,8 +130,10 @@ else
         "or renamed option?); merge_config.sh's report is in $klog"
     log "all $(grep -cE '^(CONFIG_|# CONFIG_.* is not set$)' "$here/kernel.config") options of kernel.config are in the .config"
 
-    log "building vmlinux (make -j$jobs vmlinux; 3 to 4 minutes from scratch at -j2; log $klog)"
-    kmake -j"$jobs" vmlinux || { tail -n 60 "$klog"; die "the kernel build failed"; }
+    # `modules` builds no module (every option is built in or off) but runs modpost: it writes
+    # Module.symvers, which an out-of-tree module (xenpmu/) is linked against.
+    log "building vmlinux (make -j$jobs vmlinux modules; 3 to 4 minutes from scratch at -j2; log $klog)"
+    kmake -j"$jobs" vmlinux modules || { tail -n 60 "$klog"; die "the kernel build failed"; }
     cp "$kbuild/vmlinux" "$out/vmlinux.tmp"
     mv "$out/vmlinux.tmp" "$out/vmlinux"
     cp "$kbuild/.config" "$out/vmlinux.config"
@@ -266,7 +268,48 @@ else
 fi
 # <<< perf
 
-for f in vmlinux initramfs.cpio initramfs-perf.cpio initramfs-perf-static.cpio; do
+# >>> xenpmu
+# The xenpmu driver (xenpmu/, GPL-2.0), built out of tree with Kbuild against the kernel
+# above, in a copy of its directory (Kbuild writes its objects next to the sources), at
+# -Werror; and initramfs-xenpmu.cpio: the base archive plus /lib/modules/xenpmu.ko,
+# /bin/xenpmu-test (the step `xenpmu` of /init) and busybox's insmod, rmmod and lsmod.
+abi_include=$repo/abi/include
+xenpmu_key=$( {
+    section xenpmu
+    cat "$out/vmlinux.key" "$out/initramfs.cpio.key"
+    sha256sum "$here"/xenpmu/* "$abi_include/xenpmu.h" | cut -d' ' -f1
+} | sha)
+if [ -f "$out/initramfs-xenpmu.cpio" ] && [ -f "$out/xenpmu.ko" ] \
+    && [ "$(cat "$out/initramfs-xenpmu.cpio.key" 2>/dev/null)" = "$xenpmu_key" ]; then
+    log "initramfs-xenpmu.cpio: up to date, skipped (same kernel, base, xenpmu/ and xenpmu.h;" \
+        "key ${xenpmu_key:0:12})"
+else
+    t0=$SECONDS
+    [ -f "$kbuild/Module.symvers" ] || die "$kbuild/Module.symvers missing: the kernel build" \
+        "did not finish (remove $out/vmlinux.key and run again)"
+    mbuild=$out/xenpmu-build
+    mlog=$out/xenpmu-build.log
+    rm -rf "$mbuild"
+    mkdir -p "$mbuild"
+    cp "$here"/xenpmu/Kbuild "$here"/xenpmu/*.c "$here"/xenpmu/*.h "$mbuild/"
+    make -C "$kbuild" ARCH=x86_64 M="$mbuild" XENPMU_INCLUDE="$abi_include" modules \
+        >"$mlog" 2>&1 || { tail -n 40 "$mlog"; die "the xenpmu module build failed (log $mlog)"; }
+    cp "$mbuild/xenpmu.ko" "$out/xenpmu.ko"
+    xenpmu_root=$out/initramfs-xenpmu-root
+    rm -rf "$xenpmu_root"
+    cp -a "$base_root" "$xenpmu_root"
+    mkdir -p "$xenpmu_root/lib/modules"
+    install -m 0644 "$out/xenpmu.ko" "$xenpmu_root/lib/modules/xenpmu.ko"
+    install -m 0755 "$here/xenpmu/xenpmu-test" "$xenpmu_root/bin/xenpmu-test"
+    for a in insmod rmmod lsmod; do ln -s busybox "$xenpmu_root/bin/$a"; done
+    make_cpio "$xenpmu_root" "$out/initramfs-xenpmu.cpio"
+    echo "$xenpmu_key" >"$out/initramfs-xenpmu.cpio.key"
+    log "xenpmu.ko and initramfs-xenpmu.cpio built in $((SECONDS - t0)) s (log $mlog)"
+fi
+# <<< xenpmu
+
+for f in vmlinux initramfs.cpio initramfs-perf.cpio initramfs-perf-static.cpio \
+    initramfs-xenpmu.cpio xenpmu.ko; do
     printf '%s\t%s (%s)\n' "$out/$f" "$(size_of "$out/$f")" "$(human "$(size_of "$out/$f")")"
 done
 echo "kernel command line: $(cat "$here/cmdline")"

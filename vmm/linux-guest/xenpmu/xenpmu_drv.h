@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * xenpmu.ko's own declarations: the transport it found, the counter it programs, and each
+ * CPU's state (core.c sets it up and tears it down, read.c reads samples and counts them).
+ */
+#ifndef XENPMU_DRV_H
+#define XENPMU_DRV_H
+
+#include <linux/hrtimer.h>
+#include <linux/types.h>
+
+#include "xenpmu.h"
+
+/* The ring's latency bound: long, because a wakeup is a VIRQ this driver cannot handle (the
+ * timer reads the ring); the hypervisor wakes at the latest after this many µs. */
+#define XENPMU_DRV_RING_LATENCY_US 10000000u
+
+/* What CPUID says about the interface (docs/abi.md "Transport"). */
+struct xenpmu_transport {
+	u32 base;
+	u32 major;
+	u32 minor;
+	u32 op_count;
+	u16 port;
+	bool has_virq;
+	u8 vector;
+};
+
+/* The general-purpose counter 0 of this CPU's vendor: its MSRs, event and width. */
+struct xenpmu_counter {
+	const char *name;
+	u32 vendor; /* XENPMU_VENDOR_INTEL or XENPMU_VENDOR_AMD, as the page's header says */
+	u32 ctl;
+	u32 ctr;
+	u32 global_ctrl; /* 0 when the PMU has no global enable */
+	u64 event; /* event select of core cycles, without the enable bits */
+	u32 width;
+};
+
+/* The counts /proc/xenpmu and the finish line show, as one consistent snapshot. */
+struct xenpmu_stats {
+	u32 cpu;
+	bool ring;
+	u64 samples;
+	u64 user;
+	u64 kernel;
+	u64 lost;
+	u64 lost_records;
+	u64 seq_last;
+	u64 seq_gaps;
+	u64 seq_disorder;
+	u64 pads;
+	u64 unknown;
+	u64 corrupt;
+	int last_check;
+	u64 chain_entries;
+	u64 flushes;
+	u64 flush_errors;
+	int last_flush_error;
+	u64 dropped;
+	u64 produced_before; /* producer.records before the last read, */
+	u64 produced; /* and after it: the samples read lie between the two */
+	u64 produced_lost;
+	u64 withheld;
+	u64 wakeups;
+	u64 bad_tail;
+};
+
+/* One CPU's state, in one page of its own (so the parameter block never crosses a page). */
+struct xenpmu_cpu {
+	/* The block every call of this CPU passes: first, 32-byte aligned, inside this page. */
+	xenpmu_params params __aligned(32);
+	unsigned int cpu;
+	xenpmu_page *page;
+	xenpmu_ring_control *ring; /* NULL: samples come through the page */
+	size_t ring_bytes;
+	const void *data;
+	u32 data_size;
+	u32 record_max;
+	u64 tail;
+	struct hrtimer timer;
+	struct xenpmu_stats stats; /* updated by the reader, with interrupts off on this CPU */
+	struct xenpmu_stats snapshot;
+	xenpmu_ring_sample sample; /* the reader's copy of a record */
+	char line[512];
+};
+
+/* read.c */
+const char *xenpmu_errname(int rc);
+int xenpmu_errno(int rc);
+const char *xenpmu_mode_name(u32 mode);
+int xenpmu_counter_detect(struct xenpmu_counter *counter);
+int xenpmu_counter_start(const struct xenpmu_counter *counter, unsigned long period);
+void xenpmu_poll(struct xenpmu_cpu *c, const struct xenpmu_counter *counter, unsigned long period);
+void xenpmu_snapshot(struct xenpmu_cpu *c, const struct xenpmu_counter *counter,
+		     unsigned long period, struct xenpmu_stats *out);
+bool xenpmu_stats_accounted(const struct xenpmu_stats *s);
+void xenpmu_stats_format(char *buf, size_t size, const struct xenpmu_stats *s);
+void xenpmu_finish(struct xenpmu_cpu *c, const struct xenpmu_counter *counter,
+		   unsigned long period);
+
+/* core.c */
+int xenpmu_op(struct xenpmu_cpu *c, u64 op, u64 val, u32 vcpu);
+extern struct xenpmu_transport transport;
+
+#endif
