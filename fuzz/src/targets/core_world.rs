@@ -50,6 +50,8 @@ pub const HOSTILE_FLUSH: &str = "core_world: a hostile flush of a cached sample"
 /// page holding a valid configuration (2 data pages, counter 0 re-armed every 17), then the
 /// data pages.
 pub const RING_AREA: u64 = 0x10;
+/// Frames of the hostile vCPU's ring area.
+const RING_AREA_FRAMES: u64 = 3;
 
 /// pCPUs of every machine.
 pub const PCPUS: u32 = 2;
@@ -142,9 +144,9 @@ pub enum Action {
     /// frame of its domain; a RING_INIT's names frame `RING_AREA + value`), version major 0 if
     /// `b & 0x100`, `_pad0` 1 if `b & 0x200`; operation 9 is RING_FINISH if `b & 0x400`; 1:
     /// runs `1 + value % 150` instructions on pCPU `a & 1`; 2: writes `value` at byte
-    /// `b % 4089` of its frame `a % 4` (of its ring area, from `RING_AREA`, if `a & 0x80`), or
-    /// with `b & 0x8000` consumes its ring (stores the head it finds as the tail); 3:
-    /// XENPMU_OP_FLUSH.
+    /// `b % 4089` of its frame `a % 4` (of its ring area's 3 frames, from `RING_AREA`, at
+    /// `a % 3`, if `a & 0x80`), or with `b & 0x8000` consumes its ring (stores the head it
+    /// finds as the tail); 3: XENPMU_OP_FLUSH.
     Hostile {
         /// What.
         kind: u8,
@@ -604,8 +606,13 @@ fn hostile_action<V: SimVendor>(
             }
         }
         _ => {
-            let first = if a & 0x80 != 0 { RING_AREA } else { 0 };
-            let gfn = guest_frame(HOSTILE_DOMAIN, first + u64::from(a) % FRAMES_PER_DOMAIN);
+            // Its own frames, or (`a & 0x80`) the control page and 2 data pages of its ring area.
+            let (first, frames) = if a & 0x80 != 0 {
+                (RING_AREA, RING_AREA_FRAMES)
+            } else {
+                (0, FRAMES_PER_DOMAIN)
+            };
+            let gfn = guest_frame(HOSTILE_DOMAIN, first + u64::from(a) % frames);
             let frame = world.m.platform.frame_mut(HOSTILE_DOMAIN, gfn);
             let bytes = zerocopy::IntoBytes::as_mut_bytes(frame);
             let at = usize::from(b) % (bytes.len() - 7);
@@ -675,7 +682,8 @@ pub fn ring_seeds() -> Vec<Seed> {
         actions.extend([
             hostile(1, 1, 0, 120),
             hostile(2, 0, 0x8000, 0),
-            hostile(2, 0x80, tail, 0xdead_beef),
+            // 0x81: the ring area's frame 0 (0x81 % 3), the control page.
+            hostile(2, 0x81, tail, 0xdead_beef),
             hostile(1, 0, 0, 60),
             Action::Run {
                 pcpu: 1,
