@@ -6,8 +6,9 @@
 //! the driver, runs a busy user loop of known length (`perftest work`), reads `/proc/xenpmu`
 //! and unloads it, three times: with a sample ring, again (loading after an unload), and with
 //! the page only (`ring_pages=0`). Checks, per personality: the run ends with isa-debug-exit
-//! code 0; the driver found the interface by CPUID and said so; every pass loaded, read and
-//! unloaded; each pass received samples, the ring passes about one per period of the loop's
+//! code 0; a load with a bad parameter fails with a line saying why; the driver found the
+//! interface by CPUID and said so; every pass loaded, read and unloaded; perf's hardware
+//! events cannot be opened while the driver holds counter 0 (EBUSY) and count after the unload; each pass received samples, the ring passes about one per period of the loop's
 //! cycles; every sequence number is accounted for (samples + lost + gaps = the last number,
 //! gaps only where the hypervisor withheld or dropped, every published record read); the
 //! driver's finish line says the same; and the kernel log has no oops, BUG or WARNING.
@@ -272,6 +273,35 @@ fn driver_in_guest(pmu: &str) {
         let wall = float(&works[i], "work_tsc");
         check_stats(pmu, pass, &stats[0], (loop_cycles / period, wall / period));
     }
+    // A bad parameter: the load fails, with a line saying why.
+    let bad_args = results(&console, &[("xenpmu", "insmod"), ("pass", "bad-args")]);
+    assert!(
+        bad_args.len() == 1 && bad_args[0].get("status") != Some(&"0"),
+        "{pmu}: insmod ring_pages=3: {bad_args:?}"
+    );
+    assert!(
+        console.contains("xenpmu: ring_pages=3: must be 0 or a power of two up to 256"),
+        "{pmu}: no line for the refused ring_pages=3"
+    );
+    // Counter 0 is reserved from perf while the driver is loaded (the ring pass), and free
+    // again once it is unloaded.
+    let counts = results(&console, &[("cmd", "count"), ("event", "cycles:u")]);
+    assert_eq!(
+        counts.len(),
+        2,
+        "{pmu}: perftest count's cycles:u lines: {counts:?}"
+    );
+    assert_eq!(
+        counts[0].get("open_error"),
+        Some(&"EBUSY"),
+        "{pmu}: perf opened cycles:u while the driver held counter 0: {:?}",
+        counts[0]
+    );
+    assert!(
+        counts[1].get("value").and_then(|v| v.parse::<u64>().ok()) > Some(0),
+        "{pmu}: perf could not count cycles:u after the driver was unloaded: {:?}",
+        counts[1]
+    );
     for bad in FORBIDDEN {
         let hits: Vec<&str> = console.lines().filter(|l| l.contains(bad)).collect();
         assert!(
