@@ -12,8 +12,9 @@
  * (FINISH) on CPU offline and on unload. /proc/xenpmu shows the counts.
  *
  * The PMU VIRQ is not handled: Linux 6.1 gives a module no way to install a handler on a
- * fixed IDT vector (vectors are allocated by the x86 vector domain, whose interfaces are not
- * exported), so each CPU polls its ring or page from a pinned hrtimer instead. A VIRQ the
+ * given IDT vector (the x86 vector domain, exported, allocates interrupts but picks their
+ * vector itself in irq_matrix_alloc; the IDT's alloc_intr_gate is __init), so each CPU polls
+ * its ring or page from a pinned hrtimer instead. A VIRQ the
  * hypervisor raises all the same reaches Linux's common_interrupt, which acknowledges it and
  * logs "No irq handler for vector" (rate-limited); the ring's watermark is set to the whole
  * ring so that this is rare.
