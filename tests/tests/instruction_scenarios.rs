@@ -7,8 +7,8 @@
 
 use std::process::{Command, Output};
 
-/// Every row of the table (issues 13 and 27), in order.
-const ROWS: [&str; 24] = [
+/// Every row of the table (issues 13 and 27, and the ring's PMI rows), in order.
+const ROWS: [&str; 26] = [
     "wrmsr",
     "rdmsr",
     "wrmsr-evtsel",
@@ -30,6 +30,8 @@ const ROWS: [&str; 24] = [
     "pmi-sample-1",
     "pmi-sample-3",
     "pmi-sample-all",
+    "pmi-ring-1",
+    "pmi-ring-all",
     "flush",
     "flush-ctrl",
     "request",

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vpmu::abi::{Page, Regs};
 use vpmu::{
     CrossCpuRequest, Diagnostic, EventFilter, Interrupted, Interruption, LvtpcDelivery, MapError,
-    Msr, MsrAccessStats, MsrBus, MsrFault, PageSlot, Platform, SampledContext, VcpuId, VcpuPmu,
-    VcpuTable,
+    Msr, MsrAccessStats, MsrBus, MsrFault, PageSlot, Platform, RingSlot, SampledContext, VcpuId,
+    VcpuPmu, VcpuTable,
 };
 use vpmu_models::{ExecMode, HwEvent, SoftwarePmu};
 use vpmu_sim::{Driver, SimPlatform, SimVendor};
@@ -342,6 +342,30 @@ impl Platform for ExcludedPlatform<'_> {
 
     fn write_guest(&mut self, caller: VcpuId, address: u64, data: &[u8]) -> bool {
         platform_call(|| self.0.write_guest(caller, address, data))
+    }
+
+    fn supports_ring(&self) -> bool {
+        platform_call(|| self.0.supports_ring())
+    }
+
+    fn read_guest(&mut self, domain: u32, address: u64, out: &mut [u8]) -> bool {
+        platform_call(|| self.0.read_guest(domain, address, out))
+    }
+
+    fn map_ring(&mut self, domain: u32, gfn: u64, frames: u32) -> Result<RingSlot, MapError> {
+        platform_call(|| self.0.map_ring(domain, gfn, frames))
+    }
+
+    fn unmap_ring(&mut self, slot: RingSlot) {
+        platform_call(|| self.0.unmap_ring(slot))
+    }
+
+    fn ring_read(&mut self, slot: RingSlot, offset: u32, out: &mut [u8]) -> bool {
+        platform_call(|| self.0.ring_read(slot, offset, out))
+    }
+
+    fn ring_write(&mut self, slot: RingSlot, offset: u32, data: &[u8]) -> bool {
+        platform_call(|| self.0.ring_write(slot, offset, data))
     }
 }
 

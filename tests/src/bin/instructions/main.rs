@@ -150,6 +150,9 @@ enum Scenario {
     /// All mode: `n` of P's sampling counters overflow at once while A runs; the sample goes
     /// into P's page.
     PmiSample(Option<u32>),
+    /// Self mode: `n` of A's sampling counters overflow at once; A has a sample ring (ABI
+    /// 1.4), so the overflow is re-armed on the hardware and the sample becomes a record.
+    PmiRing(Option<u32>),
     /// P flushes the sample (its counter re-armed and acknowledged in the page).
     Flush,
     /// As `Flush`, with the profiler also editing counter 0's control in the page.
@@ -179,7 +182,7 @@ const CALIBRATIONS: [(&str, Scenario); 5] = [
 ];
 
 /// The rows of the table, in order.
-const SCENARIOS: [(&str, Scenario); 24] = [
+const SCENARIOS: [(&str, Scenario); 26] = [
     ("wrmsr", Scenario::Wrmsr),
     ("rdmsr", Scenario::Rdmsr),
     ("wrmsr-evtsel", Scenario::WrmsrEvtsel),
@@ -219,15 +222,18 @@ const SCENARIOS: [(&str, Scenario); 24] = [
     ("pmi-sample-1", Scenario::PmiSample(Some(1))),
     ("pmi-sample-3", Scenario::PmiSample(Some(3))),
     ("pmi-sample-all", Scenario::PmiSample(None)),
+    ("pmi-ring-1", Scenario::PmiRing(Some(1))),
+    ("pmi-ring-all", Scenario::PmiRing(None)),
     ("flush", Scenario::Flush),
     ("flush-ctrl", Scenario::FlushCtrl),
     ("request", Scenario::Request),
 ];
 
 /// Issue 13's names of the one-counter PMI rows, which `run` and `trace` still accept.
-const ALIASES: [(&str, Scenario); 2] = [
+const ALIASES: [(&str, Scenario); 3] = [
     ("pmi-lvtpc", Scenario::PmiLvtpc(Some(1))),
     ("pmi-sample", Scenario::PmiSample(Some(1))),
+    ("pmi-ring", Scenario::PmiRing(Some(1))),
 ];
 
 const VENDORS: [&str; 2] = ["intel-v5", "amd-perfmonv2"];
@@ -286,6 +292,7 @@ where
         Scenario::SwitchMigrated => switches::migrated(excluded),
         Scenario::PmiLvtpc(n) => pmis::lvtpc(excluded, n),
         Scenario::PmiSample(n) => pmis::sample(excluded, n, None),
+        Scenario::PmiRing(n) => pmis::ring(excluded, n),
         Scenario::Flush => pmis::sample(excluded, Some(1), Some(false)),
         Scenario::FlushCtrl => pmis::sample(excluded, Some(1), Some(true)),
         Scenario::Request => request::system_write(excluded),

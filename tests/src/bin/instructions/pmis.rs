@@ -1,15 +1,17 @@
-//! The PMI rows (through A's virtual LVTPC, or published as an all-mode sample into P's page)
-//! with 1, 3 or every counter overflowed at once, and the profiler's flush of a sample.
+//! The PMI rows (through A's virtual LVTPC, published as an all-mode sample into P's page, or
+//! as a record into A's sample ring) with 1, 3 or every counter overflowed at once, and the
+//! profiler's flush of a sample.
 
 use vpmu::abi::ops::Params;
 use vpmu::abi::{
     CounterPair, Page, PageView, PageViewMut, XENPMU_MODE_ALL, XENPMU_MODE_SELF, XENPMU_OP_FLUSH,
-    XENPMU_OP_MODE_SET,
+    XENPMU_OP_MODE_SET, XENPMU_OP_RING_INIT,
 };
 use vpmu::{Interrupted, Msr, MsrBus, PmiOutcome, VcpuId};
 use vpmu_models::{HwEvent, SoftwarePmu};
 use vpmu_sim::helpers::sampling;
-use vpmu_sim::{Driver, Machine, SimVendor};
+use vpmu_sim::ring::{Record, RingGuest, config};
+use vpmu_sim::{Driver, Machine, SimVendor, guest_frame};
 
 use crate::harness::{Excluded, ExcludedPlatform, ExcludedTable};
 use crate::switches::counters;
@@ -17,6 +19,9 @@ use crate::{A, KERNEL, M, Mark, Measured, P, PERIOD, Pass, check};
 
 /// The USR bit of an event select (the same position on both vendors).
 const USR: u64 = 1 << 16;
+
+/// The counter index of Intel's fixed counter 0 (`CounterSetup::ctr`).
+const FIXED0: u32 = 32;
 
 /// `vcpu` interrupted in kernel code (what the simulator's retire loop records).
 fn interrupted_guest(vcpu: VcpuId) -> Interrupted {
@@ -237,6 +242,75 @@ where
                 "the page lost the edited control".into()
             })?;
         }
+    }
+    Ok(Measured {
+        msr_accesses: cost.0,
+        allocations: cost.1,
+        counters_used: ctrs.len() as u32,
+    })
+}
+
+/// `pmi-ring-1`, `-all`: self mode, A has a page and a sample ring (ABI 1.4) re-arming each of
+/// its `n` sampling counters every `PERIOD`; they overflow at once and the PMI becomes a record
+/// in the ring, the counters re-armed on the hardware and never stopped. Fails unless the
+/// sample was published to A as a record reporting exactly those counters and every counter
+/// reads its re-armed value afterwards.
+pub(crate) fn ring<V: SimVendor>(excluded: Excluded<V>, n: Option<u32>) -> Result<Measured, String>
+where
+    V::Model: Clone,
+{
+    let driver = excluded.driver();
+    let mut m = Machine::new(excluded, 1, &[1, 2], XENPMU_MODE_SELF);
+    m.schedule(0, Some(A));
+    m.register_page(A);
+    let ctrs = counters(&driver, n)?;
+    let periods: Vec<(bool, usize, u64)> = ctrs
+        .iter()
+        .map(|&c| (c >= FIXED0, (c % FIXED0) as usize, PERIOD))
+        .collect();
+    let gfn = guest_frame(A.domain, 0x100);
+    let mut ring = RingGuest::prepare(&mut m.platform, A.domain, gfn, &config(4, 0, 0, &periods));
+    m.op(A, XENPMU_OP_RING_INIT, &Params::new(gfn, A.vcpu))
+        .map_err(|e| format!("ring_init: {e:?}"))?;
+    m.platform.interrupted[0] = interrupted_guest(A);
+    let setups: Vec<_> = ctrs.iter().map(|&c| sampling(c, PERIOD)).collect();
+    m.program(A, &setups);
+    let overflowed = bits(&ctrs);
+    let mut cost = (0, 0);
+    for pass in Pass::BOTH {
+        let (outcome, c) = raise_and_handle_pmi(&mut m, Some(pass))?;
+        check(
+            matches!(outcome, Ok(PmiOutcome::Delivered { to: A, .. })),
+            || format!("the PMI was not published to A's ring: {outcome:?}"),
+        )?;
+        cost = c;
+        let records = ring
+            .consume(&mut m.platform)
+            .map_err(|e| format!("{e:?}"))?;
+        let reported: Vec<u64> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Sample(sample, _) => Some(sample.overflowed),
+                _ => None,
+            })
+            .collect();
+        check(reported == [overflowed], || {
+            format!("the ring's records {records:?}, not one reporting {overflowed:#x}")
+        })?;
+        let hw = m.pcpus[0].hw_mut();
+        for setup in &setups {
+            let now = hw.read(Msr(driver.read_counter(setup.ctr)));
+            check(
+                now == Ok(driver.stored(setup.ctr, setup.start_value())),
+                || {
+                    format!(
+                        "counter {} is {now:x?} after the PMI, not re-armed",
+                        setup.ctr
+                    )
+                },
+            )?;
+        }
+        m.platform.virqs.clear();
     }
     Ok(Measured {
         msr_accesses: cost.0,

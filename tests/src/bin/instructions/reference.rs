@@ -30,6 +30,9 @@
 //!   overflow status, acknowledge every bit in one write: 2;
 //! * an all-mode sample with *k* counters in use: stop (global control 0), read the status,
 //!   acknowledge it, read the *k* counters: *k* + 3;
+//! * a ring PMI (`pmi-ring-1`, `-all`) with *k* counters overflowed and re-armed: read the
+//!   overflow status, acknowledge it, then per counter read what it counted past its wrap
+//!   and write the re-armed value: 2*k* + 2 (no save, no load, no LVTPC mask);
 //! * a flush (`flush`): write the re-armed counter, re-enable: 2; with an edited control
 //!   (`flush-ctrl`), write that control too: 3;
 //! * `request`: the write reaches the hardware of both pCPUs the profiler profiles, one
@@ -87,6 +90,7 @@ pub fn minimum(vendor: &str, scenario: Scenario, k: u32) -> u32 {
         } => 4 * k + 6 + 2 * k.min(g.gp),
         Scenario::PmiLvtpc(_) => 2,
         Scenario::PmiSample(_) => k + 3,
+        Scenario::PmiRing(_) => 2 * k + 2,
         Scenario::Flush => 2,
         Scenario::FlushCtrl => 3,
         Scenario::Request => 2,
@@ -172,6 +176,8 @@ pub fn xen(vendor: &str, scenario: Scenario, k: u32) -> String {
         // bank read (F + 2A), GLOBAL_STATUS; amd_vpmu_save: N stops, N reads.
         Scenario::PmiSample(_) if intel => 1 + f + 2 * a + 1,
         Scenario::PmiSample(_) => 2 * n,
+        // Xen has no sample ring: its samples go through the page only.
+        Scenario::PmiRing(_) => return "– (no ring)".into(),
         // XENPMU_flush → vpmu_load(from_guest) → __core2_vpmu_load: the bank, FIXED_CTR_CTRL,
         // GLOBAL_OVF_CTRL and GLOBAL_CTRL (a PV vCPU); amd_vpmu_load → context_load: 2N.
         Scenario::Flush | Scenario::FlushCtrl if intel => f + 2 * a + 3,
