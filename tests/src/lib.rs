@@ -4,6 +4,7 @@
 //! (`vpmu-sim`).
 #![deny(missing_docs)]
 
+pub mod blessed;
 pub mod c_build;
 pub mod pattern_page;
 pub mod smp;

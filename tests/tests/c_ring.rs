@@ -36,47 +36,13 @@ fn corpus_dir() -> PathBuf {
     workspace_root().join(CORPUS)
 }
 
-/// The committed files, by name, in name order.
-fn committed() -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(corpus_dir())
-        .expect("tests/corpus/rings exists (run with VPMU_BLESS=1 to write it)")
-        .map(|entry| {
-            let path = entry.expect("dir entry").path();
-            let name = path
-                .file_name()
-                .expect("a name")
-                .to_string_lossy()
-                .into_owned();
-            (name, std::fs::read(&path).expect("read a corpus ring"))
-        })
-        .filter(|(name, _)| name.ends_with(".bin"))
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn the_committed_ring_corpus_is_what_the_generator_produces() {
-    let generated = corpus();
-    if std::env::var_os("VPMU_BLESS").is_some() {
-        let dir = corpus_dir();
-        std::fs::create_dir_all(&dir).expect("create the corpus directory");
-        for (name, _) in committed() {
-            std::fs::remove_file(dir.join(name)).expect("remove an old ring");
-        }
-        for (name, image) in &generated {
-            std::fs::write(dir.join(format!("{name}.bin")), image.bytes()).expect("write");
-        }
-    }
-    let expected: Vec<(String, Vec<u8>)> = generated
+    let generated = corpus()
         .iter()
-        .map(|(name, image)| (format!("{name}.bin"), image.bytes()))
+        .map(|(name, image)| (name.clone(), image.bytes()))
         .collect();
-    assert!(
-        committed() == expected,
-        "{CORPUS} differs from the generator: run `VPMU_BLESS=1 cargo test -p vpmu-tests --test \
-         c_ring` and commit the files"
-    );
+    vpmu_tests::blessed::check_or_bless(&corpus_dir(), generated, "c_ring");
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
@@ -171,7 +137,7 @@ fn ring_exe(width: u32) -> PathBuf {
 
 #[test]
 fn c_and_rust_read_every_corpus_ring_alike_at_both_widths() {
-    let files = committed();
+    let files = vpmu_tests::blessed::committed(&corpus_dir());
     assert!(
         files.len() >= 60,
         "the corpus is there ({} rings)",

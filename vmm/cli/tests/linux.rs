@@ -18,9 +18,16 @@
 //! the default run: `cargo test --release -p vpmu-cli --test linux -- --ignored`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
+
+mod linux_guest;
+use linux_guest::{artifacts, cmdline, results};
+
+/// Field `key` of a result line as a number.
+fn number(f: &HashMap<&str, &str>, key: &str) -> f64 {
+    linux_guest::number(f, key)
+}
 
 const SKIP: i32 = 77;
 /// The construction of the workload: hot_a's share of the work.
@@ -38,51 +45,10 @@ const CYCLES_TOLERANCE: f64 = 0.08;
 /// own TSC time.
 const PERF_STAT_TOLERANCE: f64 = 0.15;
 
-fn artifacts() -> PathBuf {
-    std::env::var_os("VPMU_LINUX_GUEST_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/linux-guest"),
-        PathBuf::from,
-    )
-}
-
 fn skip(what: &str, why: &str) {
     let line = format!("SKIPPED: Linux guest {what} did not run: {why}");
     eprintln!("{line}");
     println!("{line}");
-}
-
-/// The kernel command line the project's guest is booted with (the VMM appends what this
-/// host needs).
-fn cmdline() -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../linux-guest/cmdline");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .to_string()
-}
-
-/// One `VPMU-RESULT key=value ...` line as a map.
-fn fields(line: &str) -> HashMap<&str, &str> {
-    line.split_whitespace()
-        .skip(1)
-        .filter_map(|kv| kv.split_once('='))
-        .collect()
-}
-
-/// The `VPMU-RESULT` lines whose fields include every (key, value) of `want`.
-fn results<'a>(console: &'a str, want: &[(&str, &str)]) -> Vec<HashMap<&'a str, &'a str>> {
-    console
-        .lines()
-        .filter_map(|l| l.find("VPMU-RESULT ").map(|at| &l[at..]))
-        .map(fields)
-        .filter(|f| want.iter().all(|(k, v)| f.get(k) == Some(v)))
-        .collect()
-}
-
-fn number(f: &HashMap<&str, &str>, key: &str) -> f64 {
-    f.get(key)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no number {key} in {f:?}"))
 }
 
 /// The text between `VPMU-BEGIN name` and `VPMU-END name`.

@@ -18,9 +18,16 @@
 //! passes. `cargo test --release -p vpmu-cli --test linux_module -- --ignored`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
+
+mod linux_guest;
+use linux_guest::{artifacts, cmdline, results};
+
+/// Field `key` of a result line as a number.
+fn number(f: &HashMap<&str, &str>, key: &str) -> u64 {
+    linux_guest::number(f, key)
+}
 
 const SKIP: i32 = 77;
 const INITRD: &str = "initramfs-xenpmu.cpio";
@@ -47,55 +54,10 @@ const FORBIDDEN: &[&str] = &[
     "segfault",
 ];
 
-fn artifacts() -> PathBuf {
-    std::env::var_os("VPMU_LINUX_GUEST_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/linux-guest"),
-        PathBuf::from,
-    )
-}
-
 fn skip(pmu: &str, why: &str) {
     let line = format!("SKIPPED: xenpmu driver in the Linux guest on {pmu} did not run: {why}");
     eprintln!("{line}");
     println!("{line}");
-}
-
-fn cmdline() -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../linux-guest/cmdline");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .trim()
-        .to_string()
-}
-
-/// The `key=value` pairs of a `VPMU-RESULT` line.
-fn fields(line: &str) -> HashMap<&str, &str> {
-    line.split_whitespace()
-        .skip(1)
-        .filter_map(|kv| kv.split_once('='))
-        .collect()
-}
-
-/// The `VPMU-RESULT` lines whose fields include every (key, value) of `want`.
-fn results<'a>(console: &'a str, want: &[(&str, &str)]) -> Vec<HashMap<&'a str, &'a str>> {
-    console
-        .lines()
-        .filter_map(|l| l.find("VPMU-RESULT ").map(|at| &l[at..]))
-        .map(fields)
-        .filter(|f| want.iter().all(|(k, v)| f.get(k) == Some(v)))
-        .collect()
-}
-
-fn number(f: &HashMap<&str, &str>, key: &str) -> u64 {
-    f.get(key)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no number {key} in {f:?}"))
-}
-
-fn float(f: &HashMap<&str, &str>, key: &str) -> f64 {
-    f.get(key)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no number {key} in {f:?}"))
 }
 
 fn tail(console: &str, n: usize) -> String {
@@ -250,7 +212,7 @@ fn driver_in_guest(pmu: &str) {
     );
     let calibrate = results(&console, &[("cmd", "calibrate")]);
     assert_eq!(calibrate.len(), 1, "{pmu}: the calibration line");
-    let period = float(&calibrate[0], "tsc_khz");
+    let period = linux_guest::number::<f64>(&calibrate[0], "tsc_khz");
     let works = results(&console, &[("cmd", "work")]);
     assert_eq!(works.len(), 3, "{pmu}: one loop per pass");
     for (i, pass) in ["ring", "reload", "page"].into_iter().enumerate() {
@@ -269,8 +231,9 @@ fn driver_in_guest(pmu: &str) {
             "{pmu} {pass}: /proc/xenpmu lines: {stats:?}"
         );
         println!("{pmu} {pass}: {:?}", stats[0]);
-        let loop_cycles = float(&works[i], "iterations") * float(&calibrate[0], "tsc_per_iter");
-        let wall = float(&works[i], "work_tsc");
+        let loop_cycles = linux_guest::number::<f64>(&works[i], "iterations")
+            * linux_guest::number::<f64>(&calibrate[0], "tsc_per_iter");
+        let wall = linux_guest::number::<f64>(&works[i], "work_tsc");
         check_stats(pmu, pass, &stats[0], (loop_cycles / period, wall / period));
     }
     // A bad parameter: the load fails, with a line saying why.
