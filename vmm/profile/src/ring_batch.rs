@@ -158,6 +158,15 @@ pub enum RingProblem {
         /// The previous one.
         previous: u64,
     },
+    /// Sequence numbers or loss counts no ring can reach: the last number (2^64 − 1, after
+    /// which nothing could follow), or more samples lost than a 64-bit total holds.
+    #[error("sequence {sequence} with {count} samples: beyond what a ring can number")]
+    SequenceRange {
+        /// The record's (last) sequence number.
+        sequence: u64,
+        /// The samples it accounts for.
+        count: u64,
+    },
 }
 
 /// The VMM's side of one vCPU's ring between shipments: the area it named first and the head
@@ -420,7 +429,15 @@ impl RingDecoder {
                 }
                 Record::Lost(l) => {
                     self.sequence(l.sequence, l.lost.max(1))?;
-                    self.totals.lost_in_records += l.lost;
+                    // `sequence` refused a count that reaches past 2^64 − 1, and every lost
+                    // sample so far had a number of its own: the total stays below 2^64.
+                    self.totals.lost_in_records =
+                        self.totals.lost_in_records.checked_add(l.lost).ok_or(
+                            RingProblem::SequenceRange {
+                                sequence: l.sequence,
+                                count: l.lost,
+                            },
+                        )?;
                     self.totals.lost_records += 1;
                 }
                 Record::Pad => {}
@@ -439,8 +456,12 @@ impl RingDecoder {
                 previous: self.next_sequence.wrapping_sub(1),
             });
         }
+        let next = last.checked_add(1).ok_or(RingProblem::SequenceRange {
+            sequence: last,
+            count,
+        })?;
         self.totals.unaccounted += first - self.next_sequence;
-        self.next_sequence = last + 1;
+        self.next_sequence = next;
         Ok(())
     }
 }
@@ -489,7 +510,7 @@ mod tests {
     fn sample_record(sequence: u64) -> Vec<u8> {
         let fixed = RingSample {
             sequence,
-            tsc: 1000 * sequence,
+            tsc: sequence.wrapping_mul(1000),
             identity: vpmu::abi::Identity {
                 domain_id: XENPMU_DOMID_SELF,
                 vcpu_id: 1,
@@ -601,6 +622,23 @@ mod tests {
         let mut backwards = area.clone();
         let h2 = append_record(&mut backwards, 0, head, &sample_record(1)).expect("room");
         refuse(&shipment(&backwards, 0, 0, h2, 0, 2), "sequence 1 after 1");
+        // The last number there is (a fuzzer's find: `last + 1` overflowed) and a lost count
+        // reaching it: refused, not a panic or a wrapped total.
+        for (sequence, count) in [(u64::MAX, 1), (u64::MAX, u64::MAX)] {
+            let mut area = vec![0u8; SIZE];
+            let record = if count == 1 {
+                sample_record(sequence)
+            } else {
+                let mut lost = vec![0; 32];
+                encode_lost(&mut lost, count, sequence, 0).expect("encodes");
+                lost
+            };
+            let head = append_record(&mut area, 0, 0, &record).expect("room");
+            refuse(
+                &shipment(&area, 0, 0, head, 0, 1),
+                "beyond what a ring can number",
+            );
+        }
     }
 
     #[test]
