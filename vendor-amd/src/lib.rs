@@ -7,17 +7,41 @@
 //! guest. (A software AMD PMU that behaves like the hardware is in the `vpmu-models` crate.)
 //!
 //! ```
-//! # fn main() -> Result<(), vpmu_amd::BackendError> {
-//! # let reader = |leaf: u32, _: u32| match leaf {
-//! #     0 => raw_cpuid::CpuIdResult { eax: 0x10, ebx: 0x6874_7541, ecx: 0x444d_4163, edx: 0x6974_6e65 },
-//! #     _ => raw_cpuid::CpuIdResult { eax: 0, ebx: 0, ecx: 0, edx: 0 },
-//! # };
-//! let caps = vpmu_amd::AmdCaps::from_cpuid(reader)?; // or raw_cpuid::CpuIdReaderNative
-//! let pmu = vpmu_amd::AmdPmu::new(caps)?;
+//! use vpmu_amd::raw_cpuid::CpuIdResult;
+//! use vpmu_amd::{AmdCaps, AmdPmu, PmuShape};
+//!
+//! // The CPUID to enumerate: on the host, `raw_cpuid::CpuIdReaderNative`; here a closure over
+//! // (leaf, subleaf) describing an "AuthenticAMD" CPU with no extended leaves: neither
+//! // PerfMonV2 nor PerfCtrExtCore, so the four legacy K7 counters.
+//! let reader = |leaf: u32, _subleaf: u32| match leaf {
+//!     0 => CpuIdResult { eax: 0x10, ebx: 0x6874_7541, edx: 0x6974_6e65, ecx: 0x444d_4163 },
+//!     _ => CpuIdResult { eax: 0, ebx: 0, ecx: 0, edx: 0 },
+//! };
+//! let caps = AmdCaps::from_cpuid(reader)?;
+//! assert_eq!(caps.shape(), PmuShape::LegacyK7);
+//! let pmu = AmdPmu::new(caps)?;
 //! assert_eq!(pmu.caps().gp_counters(), 4);
-//! # Ok(())
-//! # }
+//! # Ok::<(), vpmu_amd::BackendError>(())
 //! ```
+//!
+//! A hypervisor that picks Intel or AMD at boot uses the `vpmu-vendor-any` crate instead,
+//! which reads the vendor string and calls this enumeration for an AMD or Hygon CPU.
+//!
+//! ## CPUID leaves read
+//!
+//! [`AmdCaps::from_cpuid`] reads, through the given reader (raw-cpuid's `CpuIdReader`, which
+//! this crate re-exports as [`raw_cpuid`]), subleaf 0 of each of these leaves, and nothing
+//! else (no MSR either):
+//!
+//! | leaf | bits | what for |
+//! |---|---|---|
+//! | 0 | EAX | the highest basic leaf (read by raw-cpuid as it starts) |
+//! | 0 | EBX, EDX, ECX | the vendor string: `AuthenticAMD` or `HygonGenuine`, else refused (`EnumerationError::NotAmd`) |
+//! | 0x8000_0000 | EAX | the highest extended leaf: 0x8000_0001 and 0x8000_0022 are read only if it reaches them (raw-cpuid) |
+//! | 0x8000_0022 | EAX bit 0 (PerfMonV2), EBX bits 3:0 (NumPerfCtrCore) | PerfMonV2 and its core counters (clipped to 6; 0 refused) |
+//! | 0x8000_0001 | ECX bit 23 (PerfCtrExtCore) | without PerfMonV2: six counters through the interleaved MSRs, else the four K7 ones |
+//!
+//! [`AmdCaps::guest_leaves`] gives the same bits back for a guest's CPUID.
 //!
 //! ## Policy
 //!
@@ -106,6 +130,11 @@ mod context;
 pub mod msrs;
 pub mod policy;
 mod rearm;
+
+/// The CPUID reader crate [`AmdCaps::from_cpuid`] takes (`raw_cpuid::CpuIdReaderNative` on the
+/// host, `raw_cpuid::CpuIdResult` for a table), re-exported so that an integrator uses the same
+/// version.
+pub use raw_cpuid;
 
 pub use backend::{AmdPmu, BackendError};
 pub use caps::{

@@ -60,8 +60,8 @@
 //! |---|---|---|---|
 //! | 0 | EBX, EDX, ECX | this crate, and raw-cpuid in both vendor crates | the vendor string that picks the backend |
 //! | 0 | EAX | this crate (Intel), raw-cpuid | the highest basic leaf: 0xA absent below it (no PMU) |
-//! | 0xA | EAX[7:0] | this crate (Intel) | version 0 means no PMU |
-//! | 1 | ECX[15] PDCM | this crate (Intel) | whether to read IA32_PERF_CAPABILITIES |
+//! | 0xA | `EAX[7:0]` | this crate (Intel) | version 0 means no PMU |
+//! | 1 | `ECX[15]` (PDCM) | this crate (Intel) | whether to read IA32_PERF_CAPABILITIES |
 //! | 1, 0xA, 0x8000_0000 (Intel); 0x8000_0000, 0x8000_0001, 0x8000_0022 (AMD) | | the vendor crate | the enumeration: see the crate docs of [`vpmu_intel`] and [`vpmu_amd`] |
 //!
 //! ## Context ownership

@@ -9,19 +9,49 @@
 //! the `vpmu-models` crate.)
 //!
 //! ```
-//! # fn main() -> Result<(), vpmu_intel::BackendError> {
-//! # let reader = |leaf: u32, _: u32| match leaf {
-//! #     0 => raw_cpuid::CpuIdResult { eax: 0xa, ebx: 0x756e_6547, ecx: 0x6c65_746e, edx: 0x4965_6e69 },
-//! #     0xa => raw_cpuid::CpuIdResult { eax: 0x0730_0402, ebx: 0, ecx: 0, edx: 0x603 },
-//! #     _ => raw_cpuid::CpuIdResult { eax: 0, ebx: 0, ecx: 0, edx: 0 },
-//! # };
-//! // The native CPUID is raw_cpuid::CpuIdReaderNative; IA32_PERF_CAPABILITIES if readable.
-//! let caps = vpmu_intel::IntelCaps::from_cpuid(reader, None)?;
-//! let pmu = vpmu_intel::IntelPmu::new(caps)?;
-//! assert_eq!(pmu.caps().gp_counters(), 4);
-//! # Ok(())
-//! # }
+//! use vpmu_intel::raw_cpuid::CpuIdResult;
+//! use vpmu_intel::{IntelCaps, IntelPmu};
+//!
+//! // The CPUID to enumerate: on the host, `raw_cpuid::CpuIdReaderNative`; here a closure over
+//! // (leaf, subleaf) describing a "GenuineIntel" CPU whose highest basic leaf is 0xA, with
+//! // architectural PMU version 2: 4 general-purpose and 3 fixed counters, all 48 bits wide.
+//! let reader = |leaf: u32, _subleaf: u32| match leaf {
+//!     0 => CpuIdResult { eax: 0xa, ebx: 0x756e_6547, edx: 0x4965_6e69, ecx: 0x6c65_746e },
+//!     0xa => CpuIdResult { eax: 0x0730_0402, ebx: 0, ecx: 0, edx: 0x603 },
+//!     _ => CpuIdResult { eax: 0, ebx: 0, ecx: 0, edx: 0 },
+//! };
+//! // IA32_PERF_CAPABILITIES, when the caller could read it: only if CPUID.1:ECX.PDCM says it
+//! // exists (here leaf 1 is all zero, so it does not, and `None` is all there is to give).
+//! let caps = IntelCaps::from_cpuid(reader, None)?;
+//! let pmu = IntelPmu::new(caps)?;
+//! assert_eq!((pmu.caps().gp_counters(), pmu.caps().fixed_counters()), (4, 0b111));
+//! # Ok::<(), vpmu_intel::BackendError>(())
 //! ```
+//!
+//! A hypervisor that picks Intel or AMD at boot uses the `vpmu-vendor-any` crate instead,
+//! which reads the vendor string and calls this enumeration for an Intel CPU.
+//!
+//! ## CPUID leaves read
+//!
+//! [`IntelCaps::from_cpuid`] reads, through the given reader (raw-cpuid's `CpuIdReader`, which
+//! this crate re-exports as [`raw_cpuid`]), subleaf 0 of each of these leaves, and nothing
+//! else:
+//!
+//! | leaf | bits | what for |
+//! |---|---|---|
+//! | 0 | EAX | the highest basic leaf: leaves 1 and 0xA are read only if it reaches them (raw-cpuid) |
+//! | 0 | EBX, EDX, ECX | the vendor string: raw-cpuid takes leaves 8–0xA of an AMD CPU for reserved, so an AMD CPU has no architectural PMU here |
+//! | 0x8000_0000 | EAX | read by raw-cpuid as it starts (the highest extended leaf); not used |
+//! | 1 | ECX bit 15 (PDCM) | IA32_PERF_CAPABILITIES exists: its value is consulted only then |
+//! | 1 | EDX bit 21 (DS), ECX bit 2 (DTES64) | the CPU has a 64-bit debug store: a guest may own DS_AREA (with `XENPMU_FEATURE_INTEL_BTS`) |
+//! | 0xA | EAX bits 7:0 | the version: 2–5 driven, above 5 driven as 5, 0 and 1 refused |
+//! | 0xA | EAX bits 15:8, 23:16 | the number of general-purpose counters (clipped to 8) and their width (32–64) |
+//! | 0xA | EAX bits 31:24, EBX | the length of the architectural-event vector and the events unavailable |
+//! | 0xA | ECX | version 5: the fixed counters present, as a bitmap |
+//! | 0xA | EDX bits 4:0, 12:5, 15 | the contiguous fixed counters, their width, AnyThread deprecated |
+//!
+//! Besides CPUID, IA32_PERF_CAPABILITIES (MSR 0x345), whose value the caller passes: only its
+//! FW_WRITE bit (13), full-width counter writes through IA32_A_PMCx.
 //!
 //! ## Enumeration
 //!
@@ -117,6 +147,11 @@ mod policy;
 mod rearm;
 mod restrict;
 mod switch;
+
+/// The CPUID reader crate [`IntelCaps::from_cpuid`] takes (`raw_cpuid::CpuIdReaderNative` on
+/// the host, `raw_cpuid::CpuIdResult` for a table), re-exported so that an integrator uses the
+/// same version.
+pub use raw_cpuid;
 
 pub use backend::{BackendError, IntelPmu};
 pub use caps::{
