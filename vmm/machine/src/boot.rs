@@ -414,14 +414,14 @@ impl<P: Personality> crate::runner::Runner<'_, P> {
                 unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, len.min(4)) };
                 Ok(Some(false))
             }
-            Exit::MmioRead { data, len } => {
+            Exit::MmioRead { data, len, .. } => {
                 // Nothing is there: reads float high, as on an unclaimed bus.
                 // SAFETY: `data` points at `len` (at most 8) bytes of the kvm_run page's MMIO
                 // data area, alive while the vCPU fd lives.
                 unsafe { std::ptr::write_bytes(data, 0xff, len.min(8)) };
                 Ok(Some(false))
             }
-            Exit::MmioWrite => Ok(Some(false)),
+            Exit::MmioWrite { .. } => Ok(Some(false)),
             Exit::Kicked => {
                 // A guest without ACPI powers off by halting with interrupts off (Linux's
                 // `poweroff -f`: `machine_power_off` → `stop_this_cpu`); nothing but an NMI

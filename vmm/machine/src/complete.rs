@@ -123,7 +123,7 @@ impl<P: Personality> Runner<'_, P> {
     }
 
     /// The values of `indices` (KVM-handled MSRs).
-    fn read_msrs<const N: usize>(&self, indices: [u32; N]) -> Result<[u64; N]> {
+    pub(crate) fn read_msrs<const N: usize>(&self, indices: [u32; N]) -> Result<[u64; N]> {
         let entries = indices.map(|index| kvm_msr_entry {
             index,
             ..Default::default()

@@ -125,6 +125,9 @@ pub enum MachineError {
         /// The core's error.
         error: vpmu::CoreError,
     },
+    /// A write to the MMIO port window the window refuses (`window`).
+    #[error("MMIO port window: {0}")]
+    Window(String),
     /// The consumer's port extension (`GuestPorts`) refused a guest's `outl`.
     #[error("port {port:#x} <- {value:#x}: {message}")]
     Port {

@@ -44,13 +44,20 @@ pub(crate) enum Exit {
     Debug {
         pc: u64,
     },
-    /// An access to guest-physical memory that is not RAM; `data` points at `len` bytes of
-    /// the `kvm_run` page, the value a read returns.
+    /// A read of guest-physical memory that is not RAM, at `addr`; `data` points at `len`
+    /// bytes of the `kvm_run` page, the value the read returns.
     MmioRead {
+        addr: u64,
         data: *mut u8,
         len: usize,
     },
-    MmioWrite,
+    /// A write of `len` bytes (at most 8, little-endian in `value`) to guest-physical memory
+    /// that is not RAM, at `addr`.
+    MmioWrite {
+        addr: u64,
+        value: u64,
+        len: usize,
+    },
     /// The vCPU shut down (a triple fault).
     Shutdown,
     /// KVM could not run the guest's next instruction (`KVM_EXIT_INTERNAL_ERROR`).
@@ -116,11 +123,21 @@ impl<P: Personality> Runner<'_, P> {
                 len: data.len(),
             },
             VcpuExit::Debug(d) => Exit::Debug { pc: d.pc },
-            VcpuExit::MmioRead(_, data) => Exit::MmioRead {
+            VcpuExit::MmioRead(addr, data) => Exit::MmioRead {
+                addr,
                 data: data.as_mut_ptr(),
                 len: data.len(),
             },
-            VcpuExit::MmioWrite(..) => Exit::MmioWrite,
+            VcpuExit::MmioWrite(addr, data) => {
+                let mut b = [0u8; 8];
+                let len = data.len().min(8);
+                b[..len].copy_from_slice(&data[..len]);
+                Exit::MmioWrite {
+                    addr,
+                    value: u64::from_le_bytes(b),
+                    len: data.len(),
+                }
+            }
             VcpuExit::Shutdown => Exit::Shutdown,
             VcpuExit::InternalError => Exit::InternalError,
             other => Exit::Other(format!("{other:?}")),

@@ -47,8 +47,8 @@ use vpmu::{CrossCpuRequest, Mode, PcpuPmu, PmuBackend, VcpuId, VcpuPmu, VcpuTabl
 
 pub use crate::error::MachineError;
 use crate::error::Result;
+use crate::kvm::Vcpu;
 pub use crate::kvm::{GuestMem, Vm};
-use crate::kvm::{STACK_TOP, Vcpu};
 use crate::personality::Personality;
 pub use vpmu_models::shapes::Shape;
 
@@ -66,11 +66,13 @@ pub mod error;
 mod exit;
 mod halt;
 mod host;
+mod idle;
 pub mod kick;
 pub mod kvm;
 mod layout;
 pub mod linux;
 pub mod loader;
+mod mixed;
 mod page_write;
 pub mod personality;
 mod platform;
@@ -90,6 +92,7 @@ pub(crate) mod timed;
 pub mod timing;
 pub mod translate;
 pub mod transport;
+mod window;
 
 /// The privileged domain (domain 0; a run has one VM per domain, numbered from 0).
 pub const PRIVILEGED_DOMAIN: u32 = 0;
@@ -100,6 +103,7 @@ pub const VIRQ_VECTOR: u8 = vpmu_guest_protocol::virq::VIRQ_VECTOR;
 const STACK_SIZE: u64 = 0x1_0000;
 
 pub use layout::Layout;
+pub use mixed::Workloads;
 pub use results::{LockCount, PmiRecord, RunResult};
 pub(crate) use results::{count_shared_lock, lock_shared, lock_vcpu, locks_taken};
 
@@ -207,6 +211,8 @@ struct Shared<P: Personality> {
     host: Host,
     /// A migration parks each pCPU here until the thread that becomes it takes it.
     parking: Vec<Mutex<Option<Pcpu<P>>>>,
+    /// Whether the workload domains wait for domain 0 (`idle`; a mixed machine's).
+    hold: idle::Hold,
 }
 
 /// One pCPU: owned by the one thread that is this pCPU (moved only at a migration, when the
@@ -341,13 +347,16 @@ impl<P: Personality> Machine<P> {
         let mut vms = Vec::new();
         let mut vcpus = Vec::new();
         for (domain, &per_domain) in (0u32..).zip(&counts) {
-            let (vm, entry) = Vm::new(kvm, &all_pmu_msr_ranges(), image_of(domain))?;
-            for i in 0..per_domain {
-                let rsp = STACK_TOP - u64::from(i) * STACK_SIZE;
-                let rsi = if layout.shared() { domain } else { i };
-                let fd = vm.create_vcpu(u64::from(i), &cpuid, entry, rsp, arg, u64::from(rsi))?;
-                vcpus.push((VcpuId { domain, vcpu: i }, fd));
-            }
+            let (vm, fds) = mixed::elf_domain(
+                kvm,
+                &cpuid,
+                image_of(domain),
+                domain,
+                per_domain,
+                arg,
+                layout.shared(),
+            )?;
+            vcpus.extend(fds);
             vms.push(vm);
         }
         Self::assemble(personality, layout, vms, vcpus)
@@ -410,6 +419,7 @@ impl<P: Personality> Machine<P> {
                 vcpus: table,
                 host,
                 parking: (0..pcpu_count).map(|_| Mutex::new(None)).collect(),
+                hold: idle::Hold::default(),
             },
             pcpus,
             extension: None,
@@ -452,11 +462,15 @@ impl<P: Personality> Machine<P> {
         let barrier = Rendezvous::new(vcpus.len());
         let shared_layout = layout.shared();
         let timed = personality.source() == crate::personality::Source::Timed;
+        // The quirks are the kernel's, in domain 0 (a mixed machine's ELF domains run as
+        // `with_images` runs them).
+        let plain = quirks::HostQuirks::default();
+        let quirks_of = |me: VcpuId| [&quirks, &plain][usize::from(me.domain != PRIVILEGED_DOMAIN)];
         let runners = vcpus.into_iter().enumerate().map(|(i, (me, vcpu))| Runner {
             // The timed source feeds no cycles for the time a vCPU was halted.
             halt: timed.then(|| halt::HaltClock::new(&vcpu.fd)).flatten(),
-            split: (timed && quirks.cpl0_emulated)
-                .then(|| timed::CplSplit::new(&vcpu.fd, quirks.ps_per_emulated))
+            split: (timed && quirks_of(me).cpl0_emulated)
+                .then(|| timed::CplSplit::new(&vcpu.fd, quirks_of(me).ps_per_emulated))
                 .flatten(),
             personality: &personality,
             vm: &vms[me.domain as usize],
@@ -491,7 +505,7 @@ impl<P: Personality> Machine<P> {
             halted_at_entry: false,
             devices: None,
             stepping_over: false,
-            quirks: &quirks,
+            quirks: quirks_of(me),
             completions: complete::Completions::default(),
         });
         // Boot-image mode has one vCPU, which gets the devices.

@@ -368,44 +368,9 @@ impl<P: Personality> Machine<P> {
         kernel: &[u8],
         options: &LinuxOptions,
     ) -> Result<Self> {
-        if options.cmdline.len() > MAX_CMDLINE || options.cmdline.contains('\0') {
-            return Err(boot_error(format!(
-                "the kernel command line must be at most {MAX_CMDLINE} bytes without NUL"
-            )));
-        }
-        let mem_size = options.mem_size as u64;
-        if !(MIN_MEM_MIB << 20..=MAX_MEM_MIB << 20).contains(&mem_size) {
-            return Err(boot_error(format!(
-                "a Linux guest needs {MIN_MEM_MIB} to {MAX_MEM_MIB} MiB of RAM"
-            )));
-        }
         let mut cpuid = base_cpuid.clone();
         personality.cpuid(&mut cpuid);
-        let vm = crate::kvm::Vm::empty(kvm, &crate::all_pmu_msr_ranges(), options.mem_size)?;
-        crate::kvm::setup_page_tables(&vm.mem)?;
-        let Loaded { entry, header, end } = load_kernel(&vm.mem, kernel)?;
-        let initrd = match &options.initrd {
-            Some(bytes) => {
-                let max = header.map_or(INITRD_ADDR_MAX, |h| h.initrd_addr_max);
-                let at = initrd_address(mem_size, bytes.len() as u64, end, u64::from(max))?;
-                vm.mem.write(at, bytes)?;
-                Some((at, bytes.len() as u64))
-            }
-            None => None,
-        };
-        let mut cmdline = options.cmdline.as_bytes().to_vec();
-        cmdline.push(0);
-        vm.mem.write(CMDLINE, &cmdline)?;
-        let params = boot_params_for(header, options.cmdline.len(), initrd, mem_size);
-        LinuxBootConfigurator::write_bootparams::<vm_memory::GuestMemoryMmap>(
-            &BootParams::new(&params, GuestAddress(ZERO_PAGE)),
-            vm.mem.backend(),
-        )
-        .map_err(|e| boot_error(format!("writing boot_params: {e}")))?;
-        let (signature, features) = leaf1(&cpuid);
-        vm.mem
-            .write(MP_TABLE, &mp_table(MP_TABLE, 0, signature, features))?;
-        let vcpu = vm.create_vcpu(0, &cpuid, entry, BOOT_STACK, 0, ZERO_PAGE)?;
+        let (vm, vcpu) = linux_vm(kvm, &cpuid, kernel, options, &options.cmdline)?;
         let mut machine = Self::assemble(
             personality,
             Layout::ThreadPerVcpu(1),
@@ -418,9 +383,57 @@ impl<P: Personality> Machine<P> {
                 vcpu,
             )],
         )?;
-        machine.devices = Some(PcDevices::new(mem_size, options.echo));
+        machine.devices = Some(PcDevices::new(options.mem_size as u64, options.echo));
         Ok(machine)
     }
+}
+
+/// A VM with the Linux kernel `kernel` loaded for `options` with the command line `cmdline`
+/// (module docs), and its one vCPU (CPUID `cpuid`) at the kernel's 64-bit entry.
+pub(crate) fn linux_vm(
+    kvm: &Kvm,
+    cpuid: &CpuId,
+    kernel: &[u8],
+    options: &LinuxOptions,
+    cmdline: &str,
+) -> Result<(crate::kvm::Vm, crate::kvm::Vcpu)> {
+    if cmdline.len() > MAX_CMDLINE || cmdline.contains('\0') {
+        return Err(boot_error(format!(
+            "the kernel command line must be at most {MAX_CMDLINE} bytes without NUL"
+        )));
+    }
+    let mem_size = options.mem_size as u64;
+    if !(MIN_MEM_MIB << 20..=MAX_MEM_MIB << 20).contains(&mem_size) {
+        return Err(boot_error(format!(
+            "a Linux guest needs {MIN_MEM_MIB} to {MAX_MEM_MIB} MiB of RAM"
+        )));
+    }
+    let vm = crate::kvm::Vm::empty(kvm, &crate::all_pmu_msr_ranges(), options.mem_size)?;
+    crate::kvm::setup_page_tables(&vm.mem)?;
+    let Loaded { entry, header, end } = load_kernel(&vm.mem, kernel)?;
+    let initrd = match &options.initrd {
+        Some(bytes) => {
+            let max = header.map_or(INITRD_ADDR_MAX, |h| h.initrd_addr_max);
+            let at = initrd_address(mem_size, bytes.len() as u64, end, u64::from(max))?;
+            vm.mem.write(at, bytes)?;
+            Some((at, bytes.len() as u64))
+        }
+        None => None,
+    };
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    vm.mem.write(CMDLINE, &bytes)?;
+    let params = boot_params_for(header, cmdline.len(), initrd, mem_size);
+    LinuxBootConfigurator::write_bootparams::<vm_memory::GuestMemoryMmap>(
+        &BootParams::new(&params, GuestAddress(ZERO_PAGE)),
+        vm.mem.backend(),
+    )
+    .map_err(|e| boot_error(format!("writing boot_params: {e}")))?;
+    let (signature, features) = leaf1(cpuid);
+    vm.mem
+        .write(MP_TABLE, &mp_table(MP_TABLE, 0, signature, features))?;
+    let vcpu = vm.create_vcpu(0, cpuid, entry, BOOT_STACK, 0, ZERO_PAGE)?;
+    Ok((vm, vcpu))
 }
 
 /// What a Linux boot run gives back: the vCPU's result, the host quirks the probes found and
@@ -464,7 +477,7 @@ pub fn run(
 
 /// The quirks of this host for a guest of `personality`, and the command line with their
 /// kernel parameters appended.
-fn quirks_for<P: Personality>(
+pub(crate) fn quirks_for<P: Personality>(
     kvm: &Kvm,
     personality: &P,
     base: &CpuId,

@@ -5,5 +5,5 @@
 //! `vpmu_guest_protocol::port::RESULT`, ...).
 
 pub use vpmu_guest_protocol::port::{
-    CONSOLE, CONTROL, EXIT, HYPERCALL, MIGRATE, PMI_CONTEXT, SLICES, YIELD,
+    CONSOLE, CONTROL, EXIT, HYPERCALL, MIGRATE, PMI_CONTEXT, SLICES, START, YIELD,
 };

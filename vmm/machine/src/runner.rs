@@ -498,6 +498,14 @@ impl<'a, P: Personality> Runner<'a, P> {
             if !precise {
                 self.feed_cycles(ran, on_cpu, mode);
             }
+            // The MMIO port window's writes are `outl`s of the project's ports.
+            let (exit, via_window) = match self.window_exit(exit)? {
+                crate::window::Routed::Exit(exit, via_window) => (exit, via_window),
+                crate::window::Routed::Handled => {
+                    self.check_pmi()?;
+                    continue;
+                }
+            };
             self.activity = match &exit {
                 Exit::Rdmsr { .. } | Exit::Wrmsr { .. } => VmmActivity::MsrAccess,
                 Exit::In {
@@ -511,8 +519,8 @@ impl<'a, P: Personality> Runner<'a, P> {
             if self.activity == VmmActivity::MsrAccess && self.handler == MsrHandler::Vpmu {
                 msr_exit = Some(locks_at_exit);
             }
-            // Boot mode: the PC devices take their exits first.
-            if self.devices.is_some() {
+            // Boot mode: the PC devices take their exits first (not the window's).
+            if self.devices.is_some() && !via_window {
                 if let Some(ended) = self.device_exit(&exit, result)? {
                     if ended {
                         return Ok(true);
@@ -520,6 +528,9 @@ impl<'a, P: Personality> Runner<'a, P> {
                     self.check_pmi()?;
                     continue;
                 }
+            }
+            if let Exit::Out { port, .. } = exit {
+                self.release_on(port);
             }
             match exit {
                 Exit::Debug { pc } if matches!(debug, GuestDebug::Breakpoints([Some(at), _]) if at == pc) =>
@@ -608,8 +619,9 @@ impl<'a, P: Personality> Runner<'a, P> {
                             return Ok(false);
                         }
                     }
-                    // An OUT to the transport's port is no call: ignored.
-                    port::HYPERCALL => {}
+                    // An OUT to the transport's port is no call: ignored. START is the
+                    // hold's (`release_on`).
+                    port::HYPERCALL | port::START => {}
                     port::CONTROL => {
                         self.handler = if value == 1 {
                             MsrHandler::Null
@@ -654,8 +666,10 @@ impl<'a, P: Personality> Runner<'a, P> {
                     // deadline is re-armed either way).
                     armed = None;
                 }
-                Exit::MmioRead { .. } | Exit::MmioWrite => {
-                    return Err(MachineError::UnexpectedExit("MMIO outside RAM".into()));
+                Exit::MmioRead { addr, .. } | Exit::MmioWrite { addr, .. } => {
+                    return Err(MachineError::UnexpectedExit(format!(
+                        "MMIO outside RAM and the port window, at {addr:#x}"
+                    )));
                 }
                 Exit::Shutdown => {
                     return Err(MachineError::UnexpectedExit(

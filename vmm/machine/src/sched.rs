@@ -97,18 +97,43 @@ pub(super) fn run_shared<P: Personality>(
     let mut rotation = 0;
     let mut boosted: Option<usize> = None;
     let mut preempted: Vec<usize> = Vec::new();
+    // A Linux domain's vCPU halted in `hlt`: until when its turns are passed over (`idle`).
+    let mut idle: Vec<Option<Instant>> = vec![None; runners.len()];
+    let idle_aware: Vec<bool> = runners.iter().map(|r| r.devices.is_some()).collect();
+    let held = |r: &Runner<'_, P>| shared.hold.holds(r.me.domain);
     while done.iter().zip(&required).any(|(&d, &r)| r && !d) {
-        let i = boosted
-            .take()
-            .or_else(|| preempted.pop())
-            .unwrap_or_else(|| {
-                let i = rotation;
-                rotation = (rotation + 1) % runners.len();
-                i
-            });
-        let budget = runners[i].preempted.take().unwrap_or(FULL_SLICE);
+        let now = Instant::now();
+        // An idle vCPU whose timer is due runs next, as one sent an interrupt by the VMM.
+        let due = idle.iter().position(|w| w.is_some_and(|t| t <= now));
+        let picked = boosted.take().or(due).or_else(|| preempted.pop());
+        let i = picked.unwrap_or_else(|| {
+            let i = rotation;
+            rotation = (rotation + 1) % runners.len();
+            i
+        });
+        if !done[i] && held(&runners[i]) {
+            if (0..runners.len()).all(|j| done[j] || held(&runners[j])) {
+                // Nobody left to release them (domain 0 ends the hold when it ends).
+                shared.hold.release();
+            }
+            continue;
+        }
+        // An idle vCPU's turn goes to the others while one of them can run.
+        let blocked = |j: usize| done[j] || held(&runners[j]) || idle[j].is_some_and(|t| t > now);
+        if picked.is_none() && blocked(i) && (0..runners.len()).any(|j| j != i && !blocked(j)) {
+            continue;
+        }
+        idle[i] = None;
+        let mut budget = runners[i].preempted.take().unwrap_or(FULL_SLICE);
         if done[i] {
             continue;
+        }
+        // The slice ends when an idle vCPU's timer fires.
+        if let Some(wake) = idle.iter().flatten().min() {
+            budget.time = budget.time.min(
+                wake.saturating_duration_since(now)
+                    .max(crate::idle::MIN_SLICE),
+            );
         }
         let runner = &mut runners[i];
         kick.kick().retarget(runner.vcpu.fd.get_kvm_run());
@@ -133,6 +158,12 @@ pub(super) fn run_shared<P: Personality>(
                 results[i].error = Some(e.to_string());
                 done[i] = true;
             }
+        }
+        if idle_aware[i] && !done[i] {
+            idle[i] = runners[i].idle_until();
+        }
+        if done[i] && runners[i].me.domain == crate::PRIVILEGED_DOMAIN {
+            shared.hold.release();
         }
         // The boost: a vCPU of this pCPU that was sent the PMU VIRQ runs next. A vCPU that is
         // done leaves the list (it would end every other slice at once otherwise).

@@ -157,6 +157,7 @@ fn discarded_deliveries_leave_the_queue() {
         vcpus: table,
         host: Host::new(Layout::SharedPcpu(2), index, vec![tx]),
         parking: vec![Mutex::new(None)],
+        hold: idle::Hold::default(),
     };
     let queue = |to| {
         shared.host.queue_lvtpc(QueuedPmi {

@@ -43,7 +43,7 @@ macro_rules! constants {
 }
 
 /// The I/O ports through which a guest talks to the VMM (CPL0 only on this host's KVM). The
-/// machine (`vpmu-machine`) serves `CONSOLE` to `YIELD`; consumers serve the others through
+/// machine (`vpmu-machine`) serves `CONSOLE` to `YIELD` and `START`; consumers serve the others through
 /// `vpmu_machine::GuestPorts`.
 pub mod port {
     constants! {
@@ -83,6 +83,42 @@ pub mod port {
         /// inner pCPU's bus the next MSR access is made through, and which inner operation
         /// runs on which inner pCPU for which inner vCPU.
         TRACE: u16 = 0x19;
+        /// Start (`vpmu profile --profiler linux`): `outl` (any value) by domain 0 releases
+        /// the workload domains a mixed machine holds until then (`Machine::linux_with_images`
+        /// holds them while the Linux domain boots); `port::BATCH` from domain 0 releases them
+        /// too. Ignored everywhere else.
+        START: u16 = 0x1A;
+    }
+}
+
+/// The MMIO port window: a 4-byte write of `value` at `PORTS_BASE + 4 * port` (port below
+/// `PORTS_SIZE / 4`) is handled as `outl(port, value)` by the writing vCPU, for guests whose
+/// port I/O does not reach the VMM (CPL3 code on a host that emulates CPL0: a Linux
+/// user-space recorder maps the page through `/dev/mem`). Any other width or offset is
+/// refused (an ELF guest's run ends with an error; a Linux guest's write is ignored with a
+/// line on the VMM's stderr); reads return 0. The page is outside guest RAM (RAM ends at
+/// 3 GiB at most) and below the IOAPIC.
+pub mod mmio {
+    constants! {
+        /// The window's constants, for the C header (`MMIO_*`).
+        ALL, "MMIO_":
+        /// The guest-physical address of the port window (one 4 KiB page).
+        PORTS_BASE: u64 = 0xD000_0000;
+        /// Bytes of the port window: 4 per port, ports 0 to 1023.
+        PORTS_SIZE: u64 = 0x1000;
+    }
+
+    /// The port a 4-byte write at `gpa` stands for, if `gpa` is a port's slot in the window.
+    pub const fn port_at(gpa: u64) -> Option<u16> {
+        match gpa.checked_sub(PORTS_BASE) {
+            Some(offset) if offset < PORTS_SIZE && offset % 4 == 0 => Some((offset / 4) as u16),
+            _ => None,
+        }
+    }
+
+    /// Whether `gpa` is inside the window.
+    pub const fn contains(gpa: u64) -> bool {
+        gpa >= PORTS_BASE && gpa - PORTS_BASE < PORTS_SIZE
     }
 }
 
@@ -286,6 +322,7 @@ pub mod ring0 {
 /// Every constant table, in header order.
 pub const TABLES: &[&[Constant]] = &[
     port::ALL,
+    mmio::ALL,
     virq::ALL,
     profile::ALL,
     selftest::CASES,
@@ -363,7 +400,7 @@ mod tests {
             assert!(h.contains(&line), "missing {line}in\n{h}");
             n += 1;
         }
-        assert_eq!(n, 61);
+        assert_eq!(n, 64);
         // Spot checks of names and values the guests use.
         for line in [
             "#define PORT_CONSOLE 0xe9",
@@ -374,6 +411,9 @@ mod tests {
             "#define PORT_TRACE 0x19",
             "#define RING0_CASE 0x1f4",
             "#define VIRQ_VECTOR 0x41",
+            "#define PORT_START 0x1a",
+            "#define MMIO_PORTS_BASE 0xd0000000",
+            "#define MMIO_PORTS_SIZE 0x1000",
         ] {
             assert!(h.contains(line), "{line}");
         }
@@ -406,6 +446,22 @@ mod tests {
             selftest::RESULT_RECORD_SIZE,
             16 + selftest::RESULT_MESSAGE_SIZE
         );
+    }
+
+    #[test]
+    fn the_window_maps_aligned_slots_to_ports() {
+        use mmio::{PORTS_BASE, PORTS_SIZE, contains, port_at};
+        assert_eq!(port_at(PORTS_BASE), Some(0));
+        assert_eq!(port_at(PORTS_BASE + 4 * 0x16), Some(port::BATCH));
+        assert_eq!(port_at(PORTS_BASE + PORTS_SIZE - 4), Some(1023));
+        assert_eq!(port_at(PORTS_BASE + 2), None, "unaligned");
+        assert_eq!(port_at(PORTS_BASE + PORTS_SIZE), None, "past the page");
+        assert_eq!(port_at(PORTS_BASE - 4), None, "below the page");
+        assert_eq!(port_at(0), None);
+        assert!(contains(PORTS_BASE + 2) && contains(PORTS_BASE + PORTS_SIZE - 1));
+        assert!(!contains(PORTS_BASE + PORTS_SIZE) && !contains(PORTS_BASE - 1));
+        // Every project port has a slot.
+        assert!(port::ALL.iter().all(|c| c.value < PORTS_SIZE / 4));
     }
 
     #[test]
