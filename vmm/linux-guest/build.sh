@@ -271,17 +271,32 @@ fi
 # >>> xenpmu
 # The xenpmu driver (xenpmu/, GPL-2.0), built out of tree with Kbuild against the kernel
 # above, in a copy of its directory (Kbuild writes its objects next to the sources), at
-# -Werror; and initramfs-xenpmu.cpio: the base archive plus /lib/modules/xenpmu.ko,
-# /bin/xenpmu-test (the step `xenpmu` of /init) and busybox's insmod, rmmod and lsmod.
+# -Werror; the recorder /bin/xenpmu-record (xenpmu/record.c, static, native user space); and
+# initramfs-xenpmu.cpio: the base archive plus /lib/modules/xenpmu.ko, /bin/xenpmu-test (the
+# step `xenpmu` of /init), /bin/xenpmu-record (the step `record`) and busybox's insmod, rmmod
+# and lsmod. The recorder includes guest_protocol.h, which the vpmu-guests crate generates from
+# vmm/protocol when it is built (any cargo build of the VMM): the newest one under target/.
 abi_include=$repo/abi/include
+find_protocol_header() {
+    find "$repo/target" -path '*/build/vpmu-guests-*/out/guest_protocol.h' -printf '%T@ %p\n' \
+        2>/dev/null | sort -n | tail -n1 | cut -d' ' -f2-
+}
+protocol_h=$(find_protocol_header)
+if [ -z "$protocol_h" ]; then
+    log "no generated guest_protocol.h under $repo/target: building vpmu-guests (cargo build --release -p vpmu-guests)"
+    (cd "$repo" && cargo build --release -p vpmu-guests) >&2 || die "cargo build -p vpmu-guests failed"
+    protocol_h=$(find_protocol_header)
+    [ -n "$protocol_h" ] || die "cargo build -p vpmu-guests wrote no guest_protocol.h"
+fi
 xenpmu_key=$( {
     section xenpmu
     cat "$out/vmlinux.key" "$out/initramfs.cpio.key"
-    sha256sum "$here"/xenpmu/* "$abi_include/xenpmu.h" | cut -d' ' -f1
+    sha256sum "$here"/xenpmu/* "$abi_include/xenpmu.h" "$protocol_h" "$libc_a" | cut -d' ' -f1
+    gcc --version | head -n1
 } | sha)
-if [ -f "$out/initramfs-xenpmu.cpio" ] && [ -f "$out/xenpmu.ko" ] \
+if [ -f "$out/initramfs-xenpmu.cpio" ] && [ -f "$out/xenpmu.ko" ] && [ -x "$out/xenpmu-record" ] \
     && [ "$(cat "$out/initramfs-xenpmu.cpio.key" 2>/dev/null)" = "$xenpmu_key" ]; then
-    log "initramfs-xenpmu.cpio: up to date, skipped (same kernel, base, xenpmu/ and xenpmu.h;" \
+    log "initramfs-xenpmu.cpio: up to date, skipped (same kernel, base, xenpmu/, xenpmu.h and guest_protocol.h;" \
         "key ${xenpmu_key:0:12})"
 else
     t0=$SECONDS
@@ -292,15 +307,21 @@ else
     rm -rf "$mbuild"
     mkdir -p "$mbuild"
     cp "$here"/xenpmu/Kbuild "$here"/xenpmu/*.c "$here"/xenpmu/*.h "$mbuild/"
+    rm "$mbuild/record.c" # user space: not part of the module
     make -C "$kbuild" ARCH=x86_64 M="$mbuild" XENPMU_INCLUDE="$abi_include" modules \
         >"$mlog" 2>&1 || { tail -n 40 "$mlog"; die "the xenpmu module build failed (log $mlog)"; }
     cp "$mbuild/xenpmu.ko" "$out/xenpmu.ko"
+    # shellcheck disable=SC2086
+    gcc $cflags -I"$abi_include" -I"$(dirname "$protocol_h")" -I"$here/xenpmu" \
+        -o "$out/xenpmu-record" "$here/xenpmu/record.c" \
+        || die "building xenpmu-record (xenpmu/record.c) failed"
     xenpmu_root=$out/initramfs-xenpmu-root
     rm -rf "$xenpmu_root"
     cp -a "$base_root" "$xenpmu_root"
     mkdir -p "$xenpmu_root/lib/modules"
     install -m 0644 "$out/xenpmu.ko" "$xenpmu_root/lib/modules/xenpmu.ko"
     install -m 0755 "$here/xenpmu/xenpmu-test" "$xenpmu_root/bin/xenpmu-test"
+    install -m 0755 "$out/xenpmu-record" "$xenpmu_root/bin/xenpmu-record"
     for a in insmod rmmod lsmod; do ln -s busybox "$xenpmu_root/bin/$a"; done
     make_cpio "$xenpmu_root" "$out/initramfs-xenpmu.cpio"
     echo "$xenpmu_key" >"$out/initramfs-xenpmu.cpio.key"

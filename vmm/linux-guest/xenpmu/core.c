@@ -53,11 +53,23 @@ static unsigned int poll_ms = 10;
 module_param(poll_ms, uint, 0444);
 MODULE_PARM_DESC(poll_ms, "how often each CPU reads its ring or page, in ms (1 to 1000)");
 
+static char *mode_param = "self";
+module_param_named(mode, mode_param, charp, 0444);
+MODULE_PARM_DESC(mode,
+		 "the hypervisor's mode to set before the CPUs register: self, hv or all (privileged domain only unless it is the mode in force)");
+
+static char *reader_param = "kernel";
+module_param_named(reader, reader_param, charp, 0444);
+MODULE_PARM_DESC(reader,
+		 "who reads the rings: kernel (the driver, except while /dev/xenpmu is open) or user (only /dev/xenpmu's opener; records wait for it from RING_INIT on)");
+
+static bool reader_is_user;
+
 struct xenpmu_transport transport;
-static struct xenpmu_counter counter;
+struct xenpmu_counter xenpmu_counter;
 static DEFINE_PER_CPU(struct xenpmu_cpu *, xenpmu_state);
 /* Serializes CPU set-up and tear-down with /proc/xenpmu readers. */
-static DEFINE_MUTEX(xenpmu_lock);
+DEFINE_MUTEX(xenpmu_lock);
 static enum cpuhp_state xenpmu_hp_state;
 static struct proc_dir_entry *xenpmu_proc;
 
@@ -153,6 +165,64 @@ static int __init xenpmu_mode_get(u32 *mode)
 	return rc;
 }
 
+/* The mode, through mode_set, retried while the hypervisor applies a change (EAGAIN). */
+static int __init xenpmu_mode_set(u32 mode)
+{
+	struct xenpmu_cpu *c = (struct xenpmu_cpu *)get_zeroed_page(GFP_KERNEL);
+	int rc, tries;
+
+	if (!c)
+		return -ENOMEM;
+	for (tries = 0; tries < 1000; tries++) {
+		rc = xenpmu_op(c, XENPMU_OP_MODE_SET, mode, 0);
+		if (rc != -XENPMU_EAGAIN)
+			break;
+		cpu_relax();
+	}
+	free_page((unsigned long)c);
+	return rc;
+}
+
+static int __init xenpmu_mode_parse(const char *name, u32 *out)
+{
+	static const u32 modes[] = { XENPMU_MODE_SELF, XENPMU_MODE_HV, XENPMU_MODE_ALL };
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(modes); i++) {
+		if (!strcmp(name, xenpmu_mode_name(modes[i]))) {
+			*out = modes[i];
+			return 0;
+		}
+	}
+	pr_err("mode=%s: must be self, hv or all\n", name);
+	return -EINVAL;
+}
+
+/* For dev.c: CPU `cpu`'s state, or NULL (offline, or no such CPU). Under xenpmu_lock. */
+struct xenpmu_cpu *xenpmu_cpu_state(unsigned int cpu)
+{
+	lockdep_assert_held(&xenpmu_lock);
+	if (cpu >= nr_cpu_ids || !cpu_online(cpu))
+		return NULL;
+	return per_cpu(xenpmu_state, cpu);
+}
+
+bool xenpmu_reader_user(void)
+{
+	return reader_is_user;
+}
+
+/* Bytes of every CPU's ring area (control page + data pages); 0 with ring_pages=0. */
+size_t xenpmu_ring_span(void)
+{
+	return ring_pages ? (size_t)(1 + ring_pages) * PAGE_SIZE : 0;
+}
+
+unsigned long xenpmu_period(void)
+{
+	return period;
+}
+
 /* ---- per-CPU set-up and tear-down (cpuhp callbacks: they run on the CPU itself) ---- */
 
 static void xenpmu_cpu_free(struct xenpmu_cpu *c)
@@ -202,7 +272,7 @@ static enum hrtimer_restart xenpmu_timer_fn(struct hrtimer *timer)
 {
 	struct xenpmu_cpu *c = container_of(timer, struct xenpmu_cpu, timer);
 
-	xenpmu_poll(c, &counter, period);
+	xenpmu_poll(c, &xenpmu_counter, period);
 	hrtimer_forward_now(timer, ms_to_ktime(poll_ms));
 	return HRTIMER_RESTART;
 }
@@ -217,6 +287,7 @@ static int xenpmu_cpu_online(unsigned int cpu)
 	if (!c)
 		return -ENOMEM;
 	c->cpu = cpu;
+	c->kernel_reads = !reader_is_user;
 	c->page = (xenpmu_page *)get_zeroed_page(GFP_KERNEL);
 	if (!c->page) {
 		xenpmu_cpu_free(c);
@@ -236,9 +307,9 @@ static int xenpmu_cpu_online(unsigned int cpu)
 		rc = -EPROTO;
 		goto finish;
 	}
-	if (c->page->header.vendor != counter.vendor) {
+	if (c->page->header.vendor != xenpmu_counter.vendor) {
 		pr_err("cpu%u: the page's vendor is %u, CPUID's %s\n", cpu, c->page->header.vendor,
-		       counter.name);
+		       xenpmu_counter.name);
 		rc = -EPROTO;
 		goto finish;
 	}
@@ -260,9 +331,9 @@ static int xenpmu_cpu_online(unsigned int cpu)
 		rc = xenpmu_errno(rc);
 		goto finish;
 	}
-	rc = xenpmu_counter_start(&counter, period);
+	rc = xenpmu_counter_start(&xenpmu_counter, period);
 	if (rc) {
-		pr_err("cpu%u: programming %s counter 0 failed (WRMSR #GP)\n", cpu, counter.name);
+		pr_err("cpu%u: programming %s counter 0 failed (WRMSR #GP)\n", cpu, xenpmu_counter.name);
 		goto finish;
 	}
 	mutex_lock(&xenpmu_lock);
@@ -273,11 +344,11 @@ static int xenpmu_cpu_online(unsigned int cpu)
 	hrtimer_start(&c->timer, ms_to_ktime(poll_ms), HRTIMER_MODE_REL_PINNED);
 	pr_info("cpu%u: page at 0x%llx, %s, %s counter 0 counts cycles with period %lu\n", cpu,
 		(u64)virt_to_phys(c->page),
-		c->ring ? "ring registered" : "page only (no ring)", counter.name, period);
+		c->ring ? "ring registered" : "page only (no ring)", xenpmu_counter.name, period);
 	return 0;
 
 finish:
-	xenpmu_finish(c, &counter, period);
+	xenpmu_finish(c, &xenpmu_counter, period);
 	xenpmu_cpu_free(c);
 	return rc;
 }
@@ -293,7 +364,7 @@ static int xenpmu_cpu_offline(unsigned int cpu)
 	if (!c)
 		return 0;
 	hrtimer_cancel(&c->timer);
-	xenpmu_finish(c, &counter, period);
+	xenpmu_finish(c, &xenpmu_counter, period);
 	xenpmu_cpu_free(c);
 	return 0;
 }
@@ -305,7 +376,7 @@ static void xenpmu_snapshot_fn(void *info)
 	struct xenpmu_cpu *c = info;
 
 	/* Interrupts are off here and the timer runs on this CPU: no concurrent reader. */
-	xenpmu_snapshot(c, &counter, period, &c->snapshot);
+	xenpmu_snapshot(c, &xenpmu_counter, period, &c->snapshot);
 }
 
 static int xenpmu_proc_show(struct seq_file *m, void *v)
@@ -332,7 +403,7 @@ static int xenpmu_proc_show(struct seq_file *m, void *v)
 
 static int __init xenpmu_init(void)
 {
-	u32 mode = 0;
+	u32 mode = 0, wanted = 0, was;
 	int rc;
 
 	if (!period || period > 0x7fffffffUL) {
@@ -348,6 +419,14 @@ static int __init xenpmu_init(void)
 		pr_err("poll_ms=%u: must be 1 to 1000\n", poll_ms);
 		return -EINVAL;
 	}
+	rc = xenpmu_mode_parse(mode_param ? mode_param : "", &wanted);
+	if (rc)
+		return rc;
+	if (!reader_param || (strcmp(reader_param, "kernel") && strcmp(reader_param, "user"))) {
+		pr_err("reader=%s: must be kernel or user\n", reader_param ? reader_param : "");
+		return -EINVAL;
+	}
+	reader_is_user = !strcmp(reader_param, "user");
 	rc = xenpmu_discover();
 	if (rc)
 		return rc;
@@ -360,20 +439,34 @@ static int __init xenpmu_init(void)
 		pr_err("the hypervisor's vPMU is off (mode_get: mode 0)\n");
 		return -ENODEV;
 	}
-	rc = xenpmu_counter_detect(&counter);
+	was = mode;
+	if (mode != wanted) {
+		rc = xenpmu_mode_set(wanted);
+		if (rc) {
+			pr_err("mode=%s: MODE_SET refused: %s (%d)%s; the mode stays %s\n",
+			       xenpmu_mode_name(wanted), xenpmu_errname(rc), rc,
+			       rc == -XENPMU_EPERM ? " (only the privileged domain may change it)" : "",
+			       xenpmu_mode_name(mode));
+			return xenpmu_errno(rc);
+		}
+		mode = wanted;
+	}
+	rc = xenpmu_counter_detect(&xenpmu_counter);
 	if (rc)
 		return rc;
-	pr_info("interface at CPUID 0x%x: ABI %u.%u, %u operations, I/O port 0x%x, mode %s; PMU VIRQ vector 0x%x not handled (a module cannot take a fixed vector): polled every %u ms\n",
+	pr_info("interface at CPUID 0x%x: ABI %u.%u, %u operations, I/O port 0x%x, mode %s%s%s%s; PMU VIRQ vector 0x%x not handled (a module cannot take a fixed vector): polled every %u ms; rings read by %s\n",
 		transport.base, transport.major, transport.minor, transport.op_count,
-		transport.port, xenpmu_mode_name(mode), transport.vector, poll_ms);
+		transport.port, xenpmu_mode_name(mode), was != mode ? " (set, was " : "",
+		was != mode ? xenpmu_mode_name(was) : "", was != mode ? ")" : "", transport.vector, poll_ms,
+		reader_is_user ? "/dev/xenpmu only" : "the driver (/dev/xenpmu while open)");
 	/* Linux's perf then refuses to create hardware events (EBUSY) while we hold counter 0. */
-	if (!reserve_perfctr_nmi(counter.ctr)) {
-		pr_err("%s counter 0 is in use by another driver\n", counter.name);
+	if (!reserve_perfctr_nmi(xenpmu_counter.ctr)) {
+		pr_err("%s counter 0 is in use by another driver\n", xenpmu_counter.name);
 		return -EBUSY;
 	}
-	if (!reserve_evntsel_nmi(counter.ctl)) {
-		release_perfctr_nmi(counter.ctr);
-		pr_err("%s event select 0 is in use by another driver\n", counter.name);
+	if (!reserve_evntsel_nmi(xenpmu_counter.ctl)) {
+		release_perfctr_nmi(xenpmu_counter.ctr);
+		pr_err("%s event select 0 is in use by another driver\n", xenpmu_counter.name);
 		return -EBUSY;
 	}
 	xenpmu_proc = proc_create_single("xenpmu", 0444, NULL, xenpmu_proc_show);
@@ -388,24 +481,31 @@ static int __init xenpmu_init(void)
 		goto remove;
 	}
 	xenpmu_hp_state = rc;
+	rc = xenpmu_dev_register();
+	if (rc) {
+		cpuhp_remove_state(xenpmu_hp_state);
+		goto remove;
+	}
 	pr_info("loaded: %u CPU(s), read /proc/xenpmu\n", num_online_cpus());
 	return 0;
 
 remove:
 	proc_remove(xenpmu_proc);
 release:
-	release_evntsel_nmi(counter.ctl);
-	release_perfctr_nmi(counter.ctr);
+	release_evntsel_nmi(xenpmu_counter.ctl);
+	release_perfctr_nmi(xenpmu_counter.ctr);
 	return rc;
 }
 
 static void __exit xenpmu_exit(void)
 {
-	/* /proc first: proc_remove() waits for readers, which call into the CPUs' state. */
+	/* The device and /proc first: no ioctl or reader may run into a CPU being torn down. (No
+	 * open file remains: an open or mapped /dev/xenpmu holds the module.) */
+	xenpmu_dev_unregister();
 	proc_remove(xenpmu_proc);
 	cpuhp_remove_state(xenpmu_hp_state);
-	release_evntsel_nmi(counter.ctl);
-	release_perfctr_nmi(counter.ctr);
+	release_evntsel_nmi(xenpmu_counter.ctl);
+	release_perfctr_nmi(xenpmu_counter.ctr);
 	pr_info("unloaded\n");
 }
 

@@ -16,6 +16,7 @@
 #include <asm/processor.h>
 
 #include "xenpmu_drv.h"
+#include "xenpmu_uapi.h"
 
 /* Event-select bits common to Intel PERFEVTSELx and AMD PERF_CTLx. */
 #define EVTSEL_USR BIT_ULL(16)
@@ -273,10 +274,12 @@ static void page_read(struct xenpmu_cpu *c, const struct xenpmu_counter *k, unsi
  * the /proc reader's cross call), or after the timer is cancelled. */
 void xenpmu_poll(struct xenpmu_cpu *c, const struct xenpmu_counter *k, unsigned long period)
 {
-	if (c->ring)
-		ring_read(c);
-	else
+	if (c->ring) {
+		if (c->kernel_reads)
+			ring_read(c);
+	} else {
 		page_read(c, k, period);
+	}
 }
 
 static void stats_fill(struct xenpmu_cpu *c, struct xenpmu_stats *out)
@@ -323,30 +326,36 @@ bool xenpmu_stats_accounted(const struct xenpmu_stats *s)
 void xenpmu_stats_format(char *buf, size_t size, const struct xenpmu_stats *s)
 {
 	snprintf(buf, size,
-		 "cpu=%u path=%s samples=%llu user=%llu kernel=%llu lost=%llu lost_records=%llu seq_last=%llu seq_gaps=%llu seq_disorder=%llu pads=%llu unknown=%llu corrupt=%llu last_check=%d chain_entries=%llu produced_before=%llu produced=%llu produced_lost=%llu withheld=%llu wakeups=%llu bad_tail=%llu flushes=%llu flush_errors=%llu last_flush_error=%d dropped=%llu accounted=%d",
-		 s->cpu, s->ring ? "ring" : "page", s->samples, s->user, s->kernel, s->lost,
+		 "cpu=%u path=%s reader=%s released=%llu releases=%llu samples=%llu user=%llu kernel=%llu lost=%llu lost_records=%llu seq_last=%llu seq_gaps=%llu seq_disorder=%llu pads=%llu unknown=%llu corrupt=%llu last_check=%d chain_entries=%llu produced_before=%llu produced=%llu produced_lost=%llu withheld=%llu wakeups=%llu bad_tail=%llu flushes=%llu flush_errors=%llu last_flush_error=%d dropped=%llu accounted=%d",
+		 s->cpu, s->ring ? "ring" : "page", s->user_reader ? "user" : "kernel", s->released,
+		 s->releases, s->samples, s->user, s->kernel, s->lost,
 		 s->lost_records, s->seq_last, s->seq_gaps, s->seq_disorder, s->pads, s->unknown,
 		 s->corrupt, s->last_check, s->chain_entries, s->produced_before, s->produced, s->produced_lost,
 		 s->withheld, s->wakeups, s->bad_tail, s->flushes, s->flush_errors,
 		 s->last_flush_error, s->dropped, xenpmu_stats_accounted(s));
 }
 
-/* Tears down CPU c (on that CPU, its timer cancelled): mask, stop counter 0, read what is
- * left, RING_FINISH, FINISH, and say what was counted. */
-void xenpmu_finish(struct xenpmu_cpu *c, const struct xenpmu_counter *k, unsigned long period)
+/* Ends CPU c's sampling (on that CPU, interrupts on): mask the LVTPC, read what is left of a
+ * page (a cached sample must be flushed before the WRMSR can stop counter 0), stop counter 0,
+ * RING_FINISH. The ring's records stay readable, its producer counters final. */
+void xenpmu_stop(struct xenpmu_cpu *c, const struct xenpmu_counter *k, unsigned long period)
 {
-	int rc, tries;
+	int rc;
 
+	if (c->stopped)
+		return;
+	c->stopped = true;
 	c->page->lapic_lvtpc = XENPMU_LVTPC_MASKED | transport.vector;
 	rc = xenpmu_op(c, XENPMU_OP_LVTPC_SET, 0, 0);
 	if (rc)
 		pr_err("cpu%u: masking (LVTPC_SET) refused: %s (%d)\n", c->cpu,
 		       xenpmu_errname(rc), rc);
 	local_irq_disable();
-	xenpmu_poll(c, k, period); /* page mode: flushes a cached sample, so WRMSR works */
+	if (!c->ring)
+		page_read(c, k, period);
 	rc = counter_stop(k);
-	if (rc) {
-		xenpmu_poll(c, k, period);
+	if (rc && !c->ring) {
+		page_read(c, k, period);
 		rc = counter_stop(k);
 	}
 	local_irq_enable();
@@ -358,8 +367,43 @@ void xenpmu_finish(struct xenpmu_cpu *c, const struct xenpmu_counter *k, unsigne
 			pr_err("cpu%u: RING_FINISH refused: %s (%d)\n", c->cpu, xenpmu_errname(rc),
 			       rc);
 	}
-	/* The records published before RING_FINISH stay readable; a page has nothing cached. */
+}
+
+/* What /dev/xenpmu's opener says it read from [c->tail, r->tail): its counts join the CPU's
+ * (the sequence numbers continue the driver's own account of them). */
+void xenpmu_account_release(struct xenpmu_cpu *c, const struct xenpmu_release *r)
+{
+	struct xenpmu_stats *s = &c->stats;
+
+	s->user_reader = true;
+	s->released += r->tail - c->tail;
+	s->releases++;
+	s->samples += r->samples;
+	s->user += r->user;
+	s->kernel += r->samples - r->user;
+	s->lost += r->lost;
+	s->lost_records += r->lost_records;
+	s->pads += r->pads;
+	s->unknown += r->unknown;
+	s->chain_entries += r->chain_entries;
+	s->seq_gaps += r->seq_gaps;
+	s->seq_disorder += r->seq_disorder;
+	s->corrupt += r->corrupt;
+	if (r->seq_last > s->seq_last)
+		s->seq_last = r->seq_last;
+}
+
+/* Tears down CPU c (on that CPU, its timer cancelled, /dev/xenpmu closed): stop it (above),
+ * read the records published before RING_FINISH that nobody read, FINISH, and say what was
+ * counted. */
+void xenpmu_finish(struct xenpmu_cpu *c, const struct xenpmu_counter *k, unsigned long period)
+{
+	int rc, tries;
+
+	xenpmu_stop(c, k, period);
+	/* Whoever read the ring before, what is left is the driver's to read now. */
 	local_irq_disable();
+	c->kernel_reads = true;
 	xenpmu_snapshot(c, k, period, &c->snapshot);
 	local_irq_enable();
 	for (tries = 0; tries < FINISH_RETRIES; tries++) {

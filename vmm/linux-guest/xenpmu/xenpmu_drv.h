@@ -7,6 +7,7 @@
 #define XENPMU_DRV_H
 
 #include <linux/hrtimer.h>
+#include <linux/mutex.h>
 #include <linux/types.h>
 
 #include "xenpmu.h"
@@ -64,6 +65,9 @@ struct xenpmu_stats {
 	u64 withheld;
 	u64 wakeups;
 	u64 bad_tail;
+	bool user_reader; /* someone other than the driver read part of the ring (/dev/xenpmu) */
+	u64 released; /* bytes /dev/xenpmu's opener released */
+	u64 releases;
 };
 
 /* One CPU's state, in one page of its own (so the parameter block never crosses a page). */
@@ -78,11 +82,15 @@ struct xenpmu_cpu {
 	u32 data_size;
 	u32 record_max;
 	u64 tail;
+	/* false while /dev/xenpmu's opener owns the ring's tail (or with reader=user): the timer
+	 * and /proc/xenpmu then leave the ring alone. Changed only on this CPU, interrupts off. */
+	bool kernel_reads;
+	bool stopped; /* XENPMU_IOC_STOP ran: counter stopped, LVTPC masked, ring finished */
 	struct hrtimer timer;
 	struct xenpmu_stats stats; /* updated by the reader, with interrupts off on this CPU */
 	struct xenpmu_stats snapshot;
 	xenpmu_ring_sample sample; /* the reader's copy of a record */
-	char line[512];
+	char line[768];
 };
 
 /* read.c */
@@ -98,9 +106,23 @@ bool xenpmu_stats_accounted(const struct xenpmu_stats *s);
 void xenpmu_stats_format(char *buf, size_t size, const struct xenpmu_stats *s);
 void xenpmu_finish(struct xenpmu_cpu *c, const struct xenpmu_counter *counter,
 		   unsigned long period);
+void xenpmu_stop(struct xenpmu_cpu *c, const struct xenpmu_counter *counter,
+		 unsigned long period);
+struct xenpmu_release;
+void xenpmu_account_release(struct xenpmu_cpu *c, const struct xenpmu_release *r);
 
 /* core.c */
 int xenpmu_op(struct xenpmu_cpu *c, u64 op, u64 val, u32 vcpu);
 extern struct xenpmu_transport transport;
+extern struct xenpmu_counter xenpmu_counter;
+extern struct mutex xenpmu_lock;
+struct xenpmu_cpu *xenpmu_cpu_state(unsigned int cpu);
+bool xenpmu_reader_user(void);
+unsigned long xenpmu_period(void);
+size_t xenpmu_ring_span(void);
+
+/* dev.c */
+int xenpmu_dev_register(void);
+void xenpmu_dev_unregister(void);
 
 #endif
