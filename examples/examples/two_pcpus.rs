@@ -129,7 +129,7 @@ fn scenario(host: &Host, pcpus: &[PcpuHandle], driver: PerfDriver) -> String {
         assert_eq!(cpu.rdpmc(31), MsrOutcome::GeneralProtection);
     });
 
-    // 2. pCPU 1, at the same time, runs guest 1.1 with the same counter index.
+    // 2. pCPU 1 runs guest 1.1, which counts on the same counter index.
     pcpus[1].run(move |cpu| {
         cpu.switch_to(Some(GUEST_1)).unwrap();
         program(cpu, driver, 0, 0, false);

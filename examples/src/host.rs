@@ -72,12 +72,22 @@ impl VcpuTable<VendorContext> for Vcpus {
 }
 
 /// A guest's virtual local APIC, as far as the PMU is concerned.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VirtualLapic {
     /// The LVTPC mask bit (the guest's driver clears it).
     pub lvtpc_masked: bool,
     /// PMIs delivered through the LVTPC.
     pub pmis: u32,
+}
+
+/// A local APIC resets with its LVTPC masked.
+impl Default for VirtualLapic {
+    fn default() -> Self {
+        VirtualLapic {
+            lvtpc_masked: true,
+            pmis: 0,
+        }
+    }
 }
 
 /// The hypervisor's state shared by every pCPU thread.

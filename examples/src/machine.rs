@@ -118,18 +118,26 @@ pub enum MachinePmu {
 }
 
 impl MachinePmu {
-    /// The CPU retires one instruction in guest kernel mode; whether that raised the PMI line.
-    pub fn retire_guest_instruction(&mut self) -> bool {
+    /// The CPU retires one instruction in guest kernel mode.
+    pub fn retire_guest_instruction(&mut self) {
         let guest_kernel = ExecMode {
             cpl: 0,
             host: false,
         };
-        let pmu: &mut dyn SoftwarePmu = match self {
+        self.software()
+            .count(HwEvent::Instructions, 1, guest_kernel);
+    }
+
+    /// Takes the PMU's interrupt line: whether it was raised (the CPU then takes the PMI).
+    pub fn take_pmi(&mut self) -> bool {
+        self.software().take_pmi()
+    }
+
+    fn software(&mut self) -> &mut dyn SoftwarePmu {
+        match self {
             MachinePmu::Intel(model) => model,
             MachinePmu::Amd(model) => model,
-        };
-        pmu.count(HwEvent::Instructions, 1, guest_kernel);
-        pmu.take_pmi()
+        }
     }
 
     /// Whether any counter can count (enabled, and globally enabled where the PMU has a

@@ -149,10 +149,10 @@ impl<'h> Cpu<'h> {
             };
             self.platform.in_guest = Some((vcpu, regs));
             host.resume_regs.lock().unwrap().insert(vcpu, regs);
-            let raised = self.pmu.hw_mut().retire_guest_instruction();
-            // A masked physical LVTPC holds the interrupt back (the core masks it while a
-            // sample waits in a page; nothing counts then anyway).
-            if raised && !self.platform.lvtpc_masked {
+            self.pmu.hw_mut().retire_guest_instruction();
+            // A masked physical LVTPC holds the interrupt back until it is unmasked (the core
+            // masks it while a sample waits in a page).
+            if !self.platform.lvtpc_masked && self.pmu.hw_mut().take_pmi() {
                 let outcome = host
                     .vpmu
                     .handle_pmi(&mut self.platform, &mut self.pmu, &host.vcpus)
