@@ -170,6 +170,8 @@ fn scenario(host: &Host, pcpus: &[PcpuHandle], driver: PerfDriver) -> String {
         cpu.switch_to(Some(GUEST_1)).unwrap();
         cpu.hypercall(XENPMU_OP_INIT, Params::new(gfn, GUEST_1.vcpu))
             .expect("INIT of a free frame of its own");
+        // The guest clears the LVTPC mask bit in its page (its own memory), then tells the
+        // hypervisor.
         let host = cpu.platform.host;
         let mut memory = host.memory.lock().unwrap();
         let page = memory.get_mut(&(GUEST_1.domain, gfn)).unwrap();

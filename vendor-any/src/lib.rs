@@ -98,9 +98,6 @@ use vpmu_intel::IntelPmu;
 
 /// The backend of whichever vendor the CPU is: the core's [`vpmu::PmuBackend`] by delegation.
 /// Build it with [`VendorPmu::from_cpuid`], or wrap a vendor backend built explicitly.
-// The variants' sizes differ (Intel keeps more precomputed maps); a backend exists once per
-// hypervisor, so boxing the larger one would only cost an indirection on every call.
-#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum VendorPmu {
     /// The Intel architectural-PMU backend.

@@ -250,7 +250,7 @@ fn amd_ctx(ctx: &VendorContext) -> Option<&vpmu_amd::AmdContext> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn the_erased_backend_is_the_vendor_backend(
