@@ -13,6 +13,17 @@
 //! gaps only where the hypervisor withheld or dropped, every published record read); the
 //! driver's finish line says the same; and the kernel log has no oops, BUG or WARNING.
 //!
+//! A fourth pass loads the driver with `reader=user` and runs the recorder
+//! (`/bin/xenpmu-record --doorbell none`) through `/dev/xenpmu` while the loop runs: it walks
+//! the ring in user space and counts (it ships nothing without a doorbell), then stops the
+//! sampling and reads the rest. Checks: its per-domain counts add up to its total, which with
+//! its lost samples is exactly what the hypervisor's producer counted and what `/proc/xenpmu`
+//! says (the driver adds the released counts); nothing corrupt or out of order; a second
+//! recorder is refused with EBUSY while the first has the device open; a second insmod of the
+//! loaded driver is refused with EEXIST; the unload after it works (FINISH, accounted). The
+//! ring passes' unloads run while counter 0 still samples (the finish line counts more than
+//! `/proc/xenpmu` did).
+//!
 //! Needs the artifacts of `vmm/linux-guest/build.sh` in `$VPMU_LINUX_GUEST_DIR` (default
 //! `target/linux-guest`) and `/dev/kvm`; without either each test says SKIPPED loudly and
 //! passes. `cargo test --release -p vpmu-cli --test linux_module -- --ignored`.
@@ -161,6 +172,112 @@ fn check_stats(pmu: &str, pass: &str, s: &HashMap<&str, &str>, (least, most): (f
     }
 }
 
+/// The passes of `xenpmu-test`, in order: each loads the driver once and runs the loop once.
+const PASSES: [&str; 4] = ["ring", "reload", "page", "record"];
+
+/// The recorder pass: `xenpmu-record --doorbell none` read the ring through `/dev/xenpmu`.
+fn check_recorder(pmu: &str, console: &str) {
+    let status = results(console, &[("xenpmu", "record")]);
+    assert!(
+        status.len() == 1 && status[0].get("status") == Some(&"0"),
+        "{pmu} record: xenpmu-record failed: {status:?}\n{}",
+        tail(console, 60)
+    );
+    // Refusals: the loaded driver again (EEXIST), a second opener (EBUSY), each with its line.
+    let twice = results(console, &[("xenpmu", "insmod"), ("pass", "twice")]);
+    assert!(
+        twice.len() == 1 && twice[0].get("status") == Some(&"17"),
+        "{pmu}: a second insmod of the loaded driver: {twice:?}"
+    );
+    assert!(console.contains("can't insert '/lib/modules/xenpmu.ko': File exists"));
+    let second = results(console, &[("xenpmu", "second-open")]);
+    assert!(
+        second.len() == 1 && second[0].get("status") == Some(&"1"),
+        "{pmu}: a second recorder: {second:?}"
+    );
+    assert!(
+        console.contains("xenpmu-record: opening /dev/xenpmu failed: Device or resource busy"),
+        "{pmu}: no EBUSY line for the second recorder"
+    );
+    assert_eq!(results(console, &[("record", "failed")]).len(), 1);
+
+    let open = results(console, &[("record", "open")]);
+    assert!(
+        open.len() == 1 && open[0].get("doorbell") == Some(&"none"),
+        "{pmu}: the recorder's open line: {open:?}"
+    );
+    let cpu = results(console, &[("record", "cpu")]);
+    assert_eq!(cpu.len(), 1, "{pmu}: the recorder's cpu lines: {cpu:?}");
+    let cpu = &cpu[0];
+    println!("{pmu} record: {cpu:?}");
+    let total = results(console, &[("record", "total")]);
+    assert_eq!(total.len(), 1, "{pmu}: the recorder's total: {total:?}");
+    let total = &total[0];
+    println!("{pmu} record: {total:?}");
+    let domains = results(console, &[("record", "domain")]);
+    // Mode self: every sample is the guest's own.
+    assert!(
+        domains.len() == 1 && domains[0].get("domain") == Some(&"self"),
+        "{pmu}: {domains:?}"
+    );
+    let by_domain: u64 = domains.iter().map(|d| number(d, "samples")).sum();
+    let samples = number(cpu, "samples");
+    let lost = number(cpu, "lost");
+    assert!(samples > 0 && number(cpu, "user") > 0, "{pmu}: {cpu:?}");
+    assert_eq!(by_domain, samples, "{pmu}: per-domain counts vs the total");
+    assert_eq!(number(total, "samples"), samples, "{pmu}: {total:?}");
+    assert_eq!(number(total, "lost"), lost, "{pmu}: {total:?}");
+    // Without a doorbell nothing is shipped.
+    assert_eq!(number(total, "shipments"), 0, "{pmu}: {total:?}");
+    assert_eq!(number(total, "bytes"), 0, "{pmu}: {total:?}");
+    assert_eq!(total.get("doorbell"), Some(&"none"));
+    // The producer's own counts, final after XENPMU_IOC_STOP: every record was read.
+    assert_eq!(samples, number(cpu, "produced"), "{pmu}: {cpu:?}");
+    assert_eq!(lost, number(cpu, "produced_lost"), "{pmu}: {cpu:?}");
+    assert_eq!(
+        samples + lost + number(cpu, "seq_gaps"),
+        number(cpu, "seq_last"),
+        "{pmu}: {cpu:?}"
+    );
+    for zero in ["corrupt", "seq_disorder", "unknown", "bad_tail"] {
+        assert_eq!(number(cpu, zero), 0, "{pmu} record: {zero}: {cpu:?}");
+    }
+    assert_eq!(cpu.get("accounted"), Some(&"1"), "{pmu}: {cpu:?}");
+
+    // /proc/xenpmu after the recorder: the driver read nothing itself, the released counts
+    // are the recorder's, and the producer agrees.
+    let stats = results(console, &[("xenpmu", "stats"), ("pass", "record")]);
+    assert_eq!(
+        stats.len(),
+        1,
+        "{pmu} record: /proc/xenpmu lines: {stats:?}"
+    );
+    let s = &stats[0];
+    println!("{pmu} record: /proc/xenpmu {s:?}");
+    assert_eq!(s.get("reader"), Some(&"user"), "{pmu}: {s:?}");
+    assert!(
+        number(s, "releases") > 0 && number(s, "released") > 0,
+        "{pmu}: {s:?}"
+    );
+    for key in [
+        "samples",
+        "lost",
+        "lost_records",
+        "seq_last",
+        "pads",
+        "chain_entries",
+    ] {
+        assert_eq!(
+            number(s, key),
+            number(cpu, key),
+            "{pmu}: /proc/xenpmu's {key} vs the recorder's: {s:?} {cpu:?}"
+        );
+    }
+    assert_eq!(number(s, "produced"), samples, "{pmu}: {s:?}");
+    assert_eq!(number(s, "produced_lost"), lost, "{pmu}: {s:?}");
+    assert_eq!(s.get("accounted"), Some(&"1"), "{pmu}: {s:?}");
+}
+
 fn driver_in_guest(pmu: &str) {
     let Some((console, stderr, code)) = boot(pmu) else {
         return;
@@ -182,7 +299,7 @@ fn driver_in_guest(pmu: &str) {
         .collect();
     assert_eq!(
         found.len(),
-        3,
+        PASSES.len(),
         "{pmu}: the driver's discovery lines:\n{}",
         tail(&console, 80)
     );
@@ -192,7 +309,10 @@ fn driver_in_guest(pmu: &str) {
             .all(|l| l.contains("ABI 1.") && l.contains("mode self")),
         "{pmu}: {found:?}"
     );
-    for (what, times) in [("xenpmu: loaded: 1 CPU(s)", 3), ("xenpmu: unloaded", 3)] {
+    for (what, times) in [
+        ("xenpmu: loaded: 1 CPU(s)", PASSES.len()),
+        ("xenpmu: unloaded", PASSES.len()),
+    ] {
         let n = console.lines().filter(|l| l.contains(what)).count();
         assert_eq!(
             n,
@@ -205,7 +325,7 @@ fn driver_in_guest(pmu: &str) {
         .lines()
         .filter(|l| l.contains("xenpmu: cpu0: finished: "))
         .collect();
-    assert_eq!(finished.len(), 3, "{pmu}: {finished:?}");
+    assert_eq!(finished.len(), PASSES.len(), "{pmu}: {finished:?}");
     assert!(
         finished.iter().all(|l| l.ends_with("accounted=1")),
         "{pmu}: {finished:?}"
@@ -214,8 +334,8 @@ fn driver_in_guest(pmu: &str) {
     assert_eq!(calibrate.len(), 1, "{pmu}: the calibration line");
     let period = linux_guest::number::<f64>(&calibrate[0], "tsc_khz");
     let works = results(&console, &[("cmd", "work")]);
-    assert_eq!(works.len(), 3, "{pmu}: one loop per pass");
-    for (i, pass) in ["ring", "reload", "page"].into_iter().enumerate() {
+    assert_eq!(works.len(), PASSES.len(), "{pmu}: one loop per pass");
+    for pass in PASSES {
         for step in ["insmod", "rmmod"] {
             let r = results(&console, &[("xenpmu", step), ("pass", pass)]);
             assert!(
@@ -224,6 +344,8 @@ fn driver_in_guest(pmu: &str) {
                 tail(&console, 80)
             );
         }
+    }
+    for (i, pass) in ["ring", "reload", "page"].into_iter().enumerate() {
         let stats = results(&console, &[("xenpmu", "stats"), ("pass", pass)]);
         assert_eq!(
             stats.len(),
@@ -235,7 +357,17 @@ fn driver_in_guest(pmu: &str) {
             * linux_guest::number::<f64>(&calibrate[0], "tsc_per_iter");
         let wall = linux_guest::number::<f64>(&works[i], "work_tsc");
         check_stats(pmu, pass, &stats[0], (loop_cycles / period, wall / period));
+        if pass != "page" {
+            // Unloaded while sampling: the finish line counts what came after the read.
+            let at_rmmod = linux_guest::fields(finished[i]);
+            assert!(
+                number(&at_rmmod, "produced") > number(&stats[0], "produced"),
+                "{pmu} {pass}: nothing sampled between /proc/xenpmu and rmmod: {}",
+                finished[i]
+            );
+        }
     }
+    check_recorder(pmu, &console);
     // A bad parameter: the load fails, with a line saying why.
     let bad_args = results(&console, &[("xenpmu", "insmod"), ("pass", "bad-args")]);
     assert!(

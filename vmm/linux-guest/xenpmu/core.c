@@ -65,6 +65,13 @@ MODULE_PARM_DESC(reader,
 
 static bool reader_is_user;
 
+static char *start_param = "load";
+module_param_named(start, start_param, charp, 0444);
+MODULE_PARM_DESC(start,
+		 "when the CPUs start sampling: load (at once) or open (at the first open of /dev/xenpmu, so that a recorder's ring starts with its session)");
+
+static bool start_on_open;
+
 struct xenpmu_transport transport;
 struct xenpmu_counter xenpmu_counter;
 static DEFINE_PER_CPU(struct xenpmu_cpu *, xenpmu_state);
@@ -223,6 +230,30 @@ unsigned long xenpmu_period(void)
 	return period;
 }
 
+/* Unmasks the LVTPC (samples are published from then on; the vector is the transport's) and
+ * starts counter 0. On the CPU, in process context, once per CPU. */
+int xenpmu_cpu_start(struct xenpmu_cpu *c)
+{
+	int rc;
+
+	if (c->started)
+		return 0;
+	c->page->lapic_lvtpc = transport.vector;
+	rc = xenpmu_op(c, XENPMU_OP_LVTPC_SET, 0, 0);
+	if (rc) {
+		pr_err("cpu%u: LVTPC_SET refused: %s (%d)\n", c->cpu, xenpmu_errname(rc), rc);
+		return xenpmu_errno(rc);
+	}
+	rc = xenpmu_counter_start(&xenpmu_counter, period);
+	if (rc) {
+		pr_err("cpu%u: programming %s counter 0 failed (WRMSR #GP)\n", c->cpu,
+		       xenpmu_counter.name);
+		return rc;
+	}
+	c->started = true;
+	return 0;
+}
+
 /* ---- per-CPU set-up and tear-down (cpuhp callbacks: they run on the CPU itself) ---- */
 
 static void xenpmu_cpu_free(struct xenpmu_cpu *c)
@@ -323,18 +354,10 @@ static int xenpmu_cpu_online(unsigned int cpu)
 			goto finish;
 		}
 	}
-	/* Unmask: samples are published from now on (the vector is the transport's). */
-	c->page->lapic_lvtpc = transport.vector;
-	rc = xenpmu_op(c, XENPMU_OP_LVTPC_SET, 0, 0);
-	if (rc) {
-		pr_err("cpu%u: LVTPC_SET refused: %s (%d)\n", cpu, xenpmu_errname(rc), rc);
-		rc = xenpmu_errno(rc);
-		goto finish;
-	}
-	rc = xenpmu_counter_start(&xenpmu_counter, period);
-	if (rc) {
-		pr_err("cpu%u: programming %s counter 0 failed (WRMSR #GP)\n", cpu, xenpmu_counter.name);
-		goto finish;
+	if (!start_on_open) {
+		rc = xenpmu_cpu_start(c);
+		if (rc)
+			goto finish;
 	}
 	mutex_lock(&xenpmu_lock);
 	per_cpu(xenpmu_state, cpu) = c;
@@ -342,9 +365,10 @@ static int xenpmu_cpu_online(unsigned int cpu)
 	hrtimer_init(&c->timer, CLOCK_MONOTONIC, HRTIMER_MODE_REL_PINNED);
 	c->timer.function = xenpmu_timer_fn;
 	hrtimer_start(&c->timer, ms_to_ktime(poll_ms), HRTIMER_MODE_REL_PINNED);
-	pr_info("cpu%u: page at 0x%llx, %s, %s counter 0 counts cycles with period %lu\n", cpu,
+	pr_info("cpu%u: page at 0x%llx, %s, %s counter 0 counts cycles with period %lu%s\n", cpu,
 		(u64)virt_to_phys(c->page),
-		c->ring ? "ring registered" : "page only (no ring)", xenpmu_counter.name, period);
+		c->ring ? "ring registered" : "page only (no ring)", xenpmu_counter.name, period,
+		start_on_open ? " from the first open of /dev/xenpmu" : "");
 	return 0;
 
 finish:
@@ -427,6 +451,11 @@ static int __init xenpmu_init(void)
 		return -EINVAL;
 	}
 	reader_is_user = !strcmp(reader_param, "user");
+	if (!start_param || (strcmp(start_param, "load") && strcmp(start_param, "open"))) {
+		pr_err("start=%s: must be load or open\n", start_param ? start_param : "");
+		return -EINVAL;
+	}
+	start_on_open = !strcmp(start_param, "open");
 	rc = xenpmu_discover();
 	if (rc)
 		return rc;

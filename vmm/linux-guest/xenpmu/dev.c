@@ -61,12 +61,44 @@ static void xenpmu_dev_for_each_ring(smp_call_func_t fn)
 	mutex_unlock(&xenpmu_lock);
 }
 
+static long xenpmu_dev_start_fn(void *info)
+{
+	return xenpmu_cpu_start(info);
+}
+
+/* With start=open: every CPU not sampling yet starts now (on the CPU itself). */
+static int xenpmu_dev_start_all(void)
+{
+	unsigned int cpu;
+	long rc = 0;
+
+	mutex_lock(&xenpmu_lock);
+	for_each_online_cpu(cpu) {
+		struct xenpmu_cpu *c = xenpmu_cpu_state(cpu);
+
+		if (c && !c->started && !c->stopped) {
+			rc = work_on_cpu(cpu, xenpmu_dev_start_fn, c);
+			if (rc)
+				break;
+		}
+	}
+	mutex_unlock(&xenpmu_lock);
+	return rc;
+}
+
 static int xenpmu_dev_open_fn(struct inode *inode, struct file *file)
 {
+	int rc;
+
 	if (atomic_cmpxchg(&xenpmu_dev_open, 0, 1) != 0)
 		return -EBUSY;
 	xenpmu_dev_for_each_ring(xenpmu_dev_claim_fn);
-	return 0;
+	rc = xenpmu_dev_start_all();
+	if (rc) {
+		xenpmu_dev_for_each_ring(xenpmu_dev_return_fn);
+		atomic_set(&xenpmu_dev_open, 0);
+	}
+	return rc;
 }
 
 static int xenpmu_dev_release_fn(struct inode *inode, struct file *file)

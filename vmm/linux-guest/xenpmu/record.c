@@ -90,13 +90,17 @@ static uint64_t batch_gpa;
 
 static void die(const char *fmt, ...)
 {
+	char line[512];
 	va_list ap;
+	int n;
 
-	fputs("xenpmu-record: ", stderr);
+	/* One write: the console interleaves other programs' output between writes. */
+	n = snprintf(line, sizeof(line), "xenpmu-record: ");
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+	strcat(line, "\n");
+	fputs(line, stderr);
 	printf("VPMU-RESULT record=failed\n");
 	exit(1);
 }
@@ -412,6 +416,10 @@ int main(int argc, char **argv)
 		die("the batch page is at 0x%" PRIx64 ", above 4 GiB: the doorbell takes 32 bits",
 		    batch_gpa);
 	open_rings();
+	/* Sampling runs from here (start=open): say so at once (stdout may be a file). */
+	printf("VPMU-RESULT record=open cpus=%u data_size=%u doorbell=%s batch_gpa=0x%" PRIx64 "\n",
+	       ring_count, rings[0].desc.data_size, bell, batch_gpa);
+	fflush(stdout);
 
 	start = now_ns();
 	stop = start + (uint64_t)(seconds * 1e9);
@@ -427,6 +435,10 @@ int main(int argc, char **argv)
 			die("cpu%u: XENPMU_IOC_STOP refused: %s", s.cpu, strerror(errno));
 		round_one(&rings[i], 1);
 	}
+	/* The sampled interval is over: the VMM holds the workload domains again (PORT_START
+	 * with 0), so that unloading the driver and shutting down do not share the pCPU. */
+	if (doorbell)
+		doorbell[PORT_START] = 0;
 	elapsed = (double)(now_ns() - start) / 1e9;
 
 	for (i = 0; i < ring_count; i++) {

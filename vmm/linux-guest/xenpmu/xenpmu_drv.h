@@ -85,6 +85,7 @@ struct xenpmu_cpu {
 	/* false while /dev/xenpmu's opener owns the ring's tail (or with reader=user): the timer
 	 * and /proc/xenpmu then leave the ring alone. Changed only on this CPU, interrupts off. */
 	bool kernel_reads;
+	bool started; /* LVTPC unmasked and counter 0 programmed (xenpmu_cpu_start) */
 	bool stopped; /* XENPMU_IOC_STOP ran: counter stopped, LVTPC masked, ring finished */
 	struct hrtimer timer;
 	struct xenpmu_stats stats; /* updated by the reader, with interrupts off on this CPU */
@@ -120,6 +121,7 @@ struct xenpmu_cpu *xenpmu_cpu_state(unsigned int cpu);
 bool xenpmu_reader_user(void);
 unsigned long xenpmu_period(void);
 size_t xenpmu_ring_span(void);
+int xenpmu_cpu_start(struct xenpmu_cpu *c);
 
 /* dev.c */
 int xenpmu_dev_register(void);
