@@ -159,6 +159,15 @@ pub(crate) enum ModeArg {
     SelfOnly,
 }
 
+/// Domain 0, the privileged profiling domain (`--profiler`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ProfilerArg {
+    /// The freestanding profiler guest built into vpmu.
+    Builtin,
+    /// The project's Linux guest: xenpmu.ko and its recorder (vmm/linux-guest).
+    Linux,
+}
+
 /// The PMU the profiled guests see (`--vendor`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum VendorArg {
@@ -264,6 +273,15 @@ pub(crate) struct ProfileArgs {
     /// No progress bar.
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// Domain 0: the built-in profiler guest, or a real Linux kernel running the xenpmu
+    /// driver and its recorder (all or hv mode, one pCPU; build it with
+    /// vmm/linux-guest/build.sh).
+    #[arg(long, value_enum, default_value_t = ProfilerArg::Builtin)]
+    pub(crate) profiler: ProfilerArg,
+    /// --profiler linux: the directory with vmlinux and initramfs-xenpmu.cpio (default
+    /// $VPMU_LINUX_GUEST_DIR, else target/linux-guest).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) linux_guest: Option<PathBuf>,
 }
 
 /// `--duration`: seconds, within the profiler's limits.
@@ -303,6 +321,13 @@ impl ProfileArgs {
                     .into(),
             ));
         }
+        if self.linux_guest.is_some() && self.profiler != ProfilerArg::Linux {
+            return Err(conflict(
+                "--linux-guest names the Linux profiling domain's files: it needs \
+                 --profiler linux"
+                    .into(),
+            ));
+        }
         if self.guests.len() > profile::MAX_GUESTS {
             return Err(Cli::command().error(
                 ErrorKind::TooManyValues,
@@ -327,7 +352,13 @@ impl ProfileArgs {
             },
             guests: self.guests,
             vcpus: self.vcpus,
-            pcpus: self.pcpus,
+            // The Linux guest is uniprocessor: one pCPU unless the user asked otherwise
+            // (which `conflicts` refuses).
+            pcpus: if self.profiler == ProfilerArg::Linux && !given("pcpus") {
+                1
+            } else {
+                self.pcpus
+            },
             out: self.out,
             top: usize::try_from(self.top).unwrap_or(usize::MAX),
             compare: !self.no_compare,
@@ -339,6 +370,12 @@ impl ProfileArgs {
             sweep: self.sweep,
             progress: !self.quiet,
             interrupt: None,
+            profiler: match self.profiler {
+                ProfilerArg::Builtin => profile::Profiler::BuiltIn,
+                ProfilerArg::Linux => profile::Profiler::Linux(
+                    profile::linux::LinuxProfiler::dir_or_default(self.linux_guest.as_deref()),
+                ),
+            },
         };
         match options.conflicts().into_iter().next() {
             Some(c) => Err(conflict(c)),

@@ -536,6 +536,10 @@ mod tests {
         );
         assert!(!o.progress && !o.compare && !o.sweep);
         assert_eq!(o.guests, [PathBuf::from("a.elf"), PathBuf::from("b.elf")]);
+        let linux = profile_options("--profiler linux --linux-guest /g --mode hv").expect("linux");
+        assert_eq!(linux.profiler, profile::Profiler::Linux(PathBuf::from("/g")));
+        assert_eq!((linux.pcpus, linux.mode), (1, profile::run::Mode::Hv));
+        assert_eq!(profile_options("").expect("").profiler, profile::Profiler::BuiltIn);
         let sweep = profile_options("--sweep --duration 1 --vendor amd").expect("sweep");
         assert!(sweep.sweep);
         assert_eq!(
@@ -580,6 +584,11 @@ mod tests {
                 format!("--mode hv --guest {taking_part} --guest {passive}"),
                 "not sample itself in --mode hv".into(),
             ),
+            ("--profiler linux --pcpus 2".into(), "uniprocessor".into()),
+            ("--profiler linux --mode self".into(), "not self".into()),
+            ("--profiler linux --page".into(), "it takes no --page".into()),
+            ("--profiler linux --sweep".into(), "no --profiler linux".into()),
+            ("--linux-guest d".into(), "it needs --profiler linux".into()),
         ] {
             let e = profile_options(&bad).expect_err(&bad);
             assert_eq!(e.exit_code(), 2, "{bad}");

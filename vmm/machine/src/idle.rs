@@ -168,12 +168,19 @@ impl<P: Personality> Runner<'_, P> {
         }
     }
 
-    /// An `outl` of this vCPU to `port`: the privileged domain's first START or BATCH
-    /// releases the held workload domains.
-    pub(crate) fn release_on(&self, port: u16) {
+    /// An `outl` of this vCPU to `port` with `value`: the privileged domain's START with a
+    /// non-zero value or BATCH releases the held workload domains; its START with 0 holds
+    /// them again (its sampling is over: what it still does alone, unloading its driver and
+    /// shutting down, does not share the pCPU with them).
+    pub(crate) fn release_on(&self, port: u16, value: u32) {
         use vpmu_guest_protocol::port::{BATCH, START};
-        if self.me.domain == PRIVILEGED_DOMAIN && (port == START || port == BATCH) {
-            self.shared.hold.release();
+        if self.me.domain != PRIVILEGED_DOMAIN {
+            return;
+        }
+        match (port, value) {
+            (START, 0) => self.shared.hold.hold(),
+            (START, _) | (BATCH, _) => self.shared.hold.release(),
+            _ => {}
         }
     }
 }

@@ -529,8 +529,8 @@ impl<'a, P: Personality> Runner<'a, P> {
                     continue;
                 }
             }
-            if let Exit::Out { port, .. } = exit {
-                self.release_on(port);
+            if let Exit::Out { port, value, .. } = exit {
+                self.release_on(port, value);
             }
             match exit {
                 Exit::Debug { pc } if matches!(debug, GuestDebug::Breakpoints([Some(at), _]) if at == pc) =>

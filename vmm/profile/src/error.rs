@@ -67,6 +67,28 @@ pub enum ProfileError {
         /// Its address.
         gpa: u64,
     },
+    /// A file of the Linux profiling domain (`--profiler linux`) could not be read.
+    #[error(
+        "--profiler linux: {}: {source} (build the guest with vmm/linux-guest/build.sh, or \
+         name its directory with --linux-guest)",
+        path.display()
+    )]
+    LinuxGuest {
+        /// The file.
+        path: PathBuf,
+        /// What reading it said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Linux domain's vCPU has another TSC frequency than the probe the counter period on
+    /// its command line was computed from.
+    #[error("the TSC frequency changed: {probe} kHz in a probe vCPU, {vcpu:?} in the run's")]
+    TscChanged {
+        /// The probe's (kHz).
+        probe: u64,
+        /// The run's first vCPU's (kHz).
+        vcpu: Option<u64>,
+    },
     /// The machine has no such domain.
     #[error("no domain {0} in the machine")]
     NoSuchDomain(u32),

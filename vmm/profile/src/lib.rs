@@ -17,6 +17,8 @@
 mod delivery;
 mod elf_image;
 mod error;
+pub mod linux;
+mod options;
 pub mod outputs;
 pub mod perf_data;
 pub mod pprof;
@@ -32,9 +34,7 @@ pub mod validate;
 pub mod validate_stacks;
 pub mod workloads;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
 use std::time::Duration;
 
 use kvm_bindings::CpuId;
@@ -48,169 +48,15 @@ use sample::Origin;
 use vpmu_machine::VmmActivity;
 use vpmu_machine::personality::{Amd, Intel, Personality, Source};
 use vpmu_machine::symbols::Symbols;
-use workloads::{BUILT_IN, Workload};
+use workloads::Workload;
 
 pub use delivery::Delivery;
 pub use error::ProfileError;
+pub use options::{
+    MAX_DURATION_S, MAX_FREQUENCY, MAX_GUESTS, MAX_PCPUS, MAX_VCPUS, MIN_DURATION_S, MIN_FREQUENCY,
+    Options, Profiler, Vendor,
+};
 
-/// The PMU personality the guests see.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Vendor {
-    /// Intel architectural PMU v5 (8 GP counters, full-width writes).
-    Intel,
-    /// AMD PerfMonV2 (6 counters).
-    Amd,
-}
-
-/// The options of `vpmu profile` (`Options::default()` is the command's defaults; the CLI
-/// checks every field against the limits below before anything runs).
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// How long to sample (`MIN_DURATION..=MAX_DURATION`).
-    pub duration: Duration,
-    /// Samples per second of CPU time (`MIN_FREQUENCY..=MAX_FREQUENCY`).
-    pub frequency: u64,
-    /// What to measure.
-    pub mode: Mode,
-    /// The PMU the guests see.
-    pub vendor: Vendor,
-    /// User guests instead of the built-in workloads (at most `MAX_GUESTS`).
-    pub guests: Vec<PathBuf>,
-    /// vCPUs of each workload domain (`1..=MAX_VCPUS`).
-    pub vcpus: u32,
-    /// pCPUs (host threads) (`1..=MAX_PCPUS`).
-    pub pcpus: u32,
-    /// Where the outputs go.
-    pub out: PathBuf,
-    /// Functions per domain in the text report (at least 1).
-    pub top: usize,
-    /// Run the self-mode comparison (all mode, built-in workloads).
-    pub compare: bool,
-    /// How samples reach the samplers (`--ring`, `--page`).
-    pub delivery: DeliveryPath,
-    /// Measure the frequency sweep instead.
-    pub sweep: bool,
-    /// Draw a progress bar.
-    pub progress: bool,
-    /// Set by the caller (the CLI's SIGINT handler) to stop sampling early: the samplers stop
-    /// and ship what they hold, the self-mode comparison is skipped, and the outputs are
-    /// written of what was collected, as `perf record` does (`run::StopPort`). Not for the
-    /// sweep, which measures complete runs.
-    pub interrupt: Option<Arc<AtomicBool>>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            duration: Duration::from_secs(5),
-            frequency: 2000,
-            mode: Mode::All,
-            vendor: Vendor::Intel,
-            guests: Vec::new(),
-            vcpus: 2,
-            pcpus: 2,
-            out: PathBuf::from("profile-out"),
-            top: 10,
-            compare: true,
-            delivery: DeliveryPath::Ring,
-            sweep: false,
-            progress: true,
-            interrupt: None,
-        }
-    }
-}
-
-/// The shortest `--duration`, seconds.
-pub const MIN_DURATION_S: f64 = 0.2;
-/// The longest `--duration`, seconds.
-pub const MAX_DURATION_S: f64 = 600.0;
-/// The lowest `--frequency`, Hz.
-pub const MIN_FREQUENCY: u64 = 1;
-/// The highest `--frequency`, Hz.
-pub const MAX_FREQUENCY: u64 = 20_000;
-/// The most workload domains (the profiler is one more).
-pub const MAX_GUESTS: usize = 7;
-/// The most vCPUs per workload domain (the guests' per-vCPU state and the VMM's TSSes).
-pub const MAX_VCPUS: u32 = 8;
-/// The most pCPUs (host threads); the profiling domain has one vCPU per pCPU.
-pub const MAX_PCPUS: u32 = 8;
-
-/// Whether `image` takes part in the profile protocol (has a `profile_config`): a guest without
-/// one cannot sample itself and is profiled passively.
-fn takes_part(image: &[u8]) -> bool {
-    matches!(
-        Symbols::address_of(image, protocol::CONFIG_SYMBOL),
-        Ok(Some(_))
-    )
-}
-
-impl Options {
-    /// The combinations of options that cannot work, refused before anything runs: one line
-    /// each, naming the options. An unreadable `--guest` is not refused here (the run reports
-    /// it).
-    pub fn conflicts(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.sweep && !self.guests.is_empty() {
-            out.push(
-                "--sweep measures the built-in workloads' slowdown from their own progress \
-                 counters: it takes no --guest"
-                    .to_string(),
-            );
-        }
-        if self.mode != Mode::All {
-            for path in &self.guests {
-                let passive = std::fs::read(path).is_ok_and(|image| !takes_part(&image));
-                if passive {
-                    out.push(format!(
-                        "--guest {} has no profile_config: it can only be profiled passively \
-                         (--mode all), not sample itself in --mode {}",
-                        path.display(),
-                        self.mode.name()
-                    ));
-                }
-            }
-        }
-        out
-    }
-
-    /// The workload domains: the built-in ones, or the user's images.
-    fn workloads(&self) -> Result<Vec<DomainPlan>, ProfileError> {
-        if self.guests.is_empty() {
-            return Ok(BUILT_IN
-                .iter()
-                .map(|w| DomainPlan {
-                    name: format!("work.elf ({})", w.label),
-                    image: vpmu_guests::WORK.to_vec(),
-                    workload: Some(*w),
-                })
-                .collect());
-        }
-        self.guests
-            .iter()
-            .map(|path| {
-                let image =
-                    std::fs::read(path).map_err(|source| ProfileError::GuestUnreadable {
-                        path: path.clone(),
-                        source,
-                    })?;
-                // Refuse what cannot be symbolized before booting anything.
-                Symbols::from_elf(&image).map_err(|source| ProfileError::GuestSymbols {
-                    path: path.clone(),
-                    source,
-                })?;
-                let name = path.file_name().map_or_else(
-                    || path.display().to_string(),
-                    |n| n.to_string_lossy().into(),
-                );
-                Ok(DomainPlan {
-                    name,
-                    image,
-                    workload: None,
-                })
-            })
-            .collect()
-    }
-}
 
 /// The domains of `data` as the report sees them: the profiler, the workloads, and the
 /// hypervisor in hv mode, each with its symbols and the samples the vpmu dropped while it ran.
@@ -226,10 +72,14 @@ fn domain_infos(data: &RunData, workloads: &[DomainPlan]) -> Vec<DomainInfo> {
             .count() as u64
     };
     let symbols = |image: &[u8]| Symbols::from_elf(image).unwrap_or_default();
+    let (name, profiler_symbols) = match &data.linux {
+        Some(linux) => (format!("linux ({})", linux::KERNEL), linux.symbols()),
+        None => ("profiler.elf".into(), symbols(vpmu_guests::PROFILER)),
+    };
     let mut domains = vec![DomainInfo {
         origin: Origin::Domain(0),
-        name: "profiler.elf".into(),
-        symbols: symbols(vpmu_guests::PROFILER),
+        name,
+        symbols: profiler_symbols,
         dropped: dropped(Origin::Domain(0)),
     }];
     for (i, w) in workloads.iter().enumerate() {
@@ -358,23 +208,6 @@ pub enum Outcome {
     Interrupted,
 }
 
-impl Options {
-    /// Reads every `--guest` (refusing an unreadable one or one without symbols) and creates
-    /// the output directory: what a run would fail on because of a path, before anything runs.
-    pub fn check_paths(&self) -> Result<(), ProfileError> {
-        self.workloads()?;
-        std::fs::create_dir_all(&self.out).map_err(|source| ProfileError::OutDir {
-            path: self.out.clone(),
-            source,
-        })
-    }
-
-    fn interrupted(&self) -> bool {
-        self.interrupt
-            .as_ref()
-            .is_some_and(|i| i.load(Ordering::Relaxed))
-    }
-}
 
 /// Runs `vpmu profile` and prints the report.
 pub fn profile(kvm: &Kvm, options: &Options) -> Result<Outcome, ProfileError> {
@@ -392,6 +225,7 @@ fn profile_with<P: Personality + Copy + Sync>(
     options: &Options,
 ) -> Result<Outcome, ProfileError> {
     let workloads = options.workloads()?;
+    let linux = options.linux()?;
     std::fs::create_dir_all(&options.out).map_err(|source| ProfileError::OutDir {
         path: options.out.clone(),
         source,
@@ -413,6 +247,7 @@ fn profile_with<P: Personality + Copy + Sync>(
         workloads: workloads.clone(),
         progress: options.progress,
         interrupt: options.interrupt.clone(),
+        linux,
     };
     let built_in: Vec<Option<Workload>> = workloads.iter().map(|w| w.workload).collect();
     eprintln!(
@@ -436,6 +271,9 @@ fn profile_with<P: Personality + Copy + Sync>(
         .checks
         .extend(validate_stacks::stack_shares(&report, &built_in));
     report.checks.extend(delivery::ring_accounting(&data));
+    if data.linux.is_some() {
+        report.checks.push(linux::recorder_agrees(&data));
+    }
     if options.interrupted() {
         eprintln!(
             "vpmu profile: interrupted after {:.1} s: writing what was collected",
@@ -450,8 +288,10 @@ fn profile_with<P: Personality + Copy + Sync>(
         eprintln!(
             "vpmu profile: the same workloads profiling themselves (self mode), for seed 002"
         );
+        // Self mode leaves domain 0 idle: the freestanding profiler is enough there.
         let own_plan = Plan {
             mode: Mode::SelfOnly,
+            linux: None,
             ..plan.clone()
         };
         let own = run::run(kvm, cpuid, p, &own_plan)?;
@@ -486,6 +326,9 @@ fn profile_with<P: Personality + Copy + Sync>(
     let delivery = Delivery::of(&data);
     let text = format!("{}\n{}\n", report.to_text(options.top), delivery.line());
     print!("{text}");
+    if data.linux.is_some() {
+        linux::write_console(&options.out, &data)?;
+    }
     let samples = options.out.join("samples.jsonl");
     std::fs::write(&samples, samples_jsonl(&data, &workloads))
         .map_err(ProfileError::write(&samples))?;
@@ -534,12 +377,23 @@ fn write_outputs(
 
 /// The ELF image of each domain of a run: the profiler's and each workload domain's, and in
 /// hv mode the hypervisor's symbol image.
-fn images(workloads: &[DomainPlan], mode: Mode) -> Vec<outputs::Image<'_>> {
+fn images<'a>(
+    workloads: &'a [DomainPlan],
+    mode: Mode,
+    linux: Option<&'a linux::LinuxProfiler>,
+) -> Vec<outputs::Image<'a>> {
     use std::borrow::Cow;
-    let mut images = vec![outputs::Image {
-        origin: Origin::Domain(0),
-        file_name: "profiler.elf".into(),
-        elf: Cow::Borrowed(vpmu_guests::PROFILER),
+    let mut images = vec![match linux {
+        Some(linux) => outputs::Image {
+            origin: Origin::Domain(0),
+            file_name: linux::KERNEL.into(),
+            elf: Cow::Borrowed(&linux.kernel[..]),
+        },
+        None => outputs::Image {
+            origin: Origin::Domain(0),
+            file_name: "profiler.elf".into(),
+            elf: Cow::Borrowed(vpmu_guests::PROFILER),
+        },
     }];
     for (i, w) in workloads.iter().enumerate() {
         images.push(outputs::Image {
@@ -576,7 +430,7 @@ fn write_tool_formats(
     report: &Report,
     duration: Duration,
 ) -> Result<(), ProfileError> {
-    let images = images(workloads, data.mode);
+    let images = images(workloads, data.mode, data.linux.as_deref());
     let folder = out.join("images");
     let written = outputs::write_images(out, &images).map_err(ProfileError::write(&folder))?;
     let samples: Vec<_> = data.samples().copied().collect();
@@ -624,48 +478,4 @@ fn vmm_activity_symbols() -> Vec<(u64, u64, String)> {
             (activity.rip(), VmmActivity::STRIDE, name.to_string())
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_the_documented_ones_and_within_the_limits() {
-        let o = Options::default();
-        assert_eq!(
-            (o.mode, o.vendor, o.frequency, o.top, o.vcpus, o.pcpus),
-            (Mode::All, Vendor::Intel, 2000, 10, 2, 2)
-        );
-        assert_eq!(o.duration, Duration::from_secs(5));
-        assert_eq!(o.out, PathBuf::from("profile-out"));
-        assert!(o.compare && !o.sweep && o.progress && o.guests.is_empty());
-        assert!((MIN_DURATION_S..=MAX_DURATION_S).contains(&o.duration.as_secs_f64()));
-        assert!((MIN_FREQUENCY..=MAX_FREQUENCY).contains(&o.frequency));
-        assert!(o.vcpus <= MAX_VCPUS && o.pcpus <= MAX_PCPUS);
-    }
-
-    #[test]
-    fn a_user_guest_must_be_a_readable_elf_with_symbols() {
-        let o = Options {
-            guests: vec![PathBuf::from("/nonexistent/guest.elf")],
-            ..Options::default()
-        };
-        let e = o.workloads().expect_err("unreadable");
-        assert!(matches!(e, ProfileError::GuestUnreadable { .. }), "{e:?}");
-        assert!(e.to_string().contains("/nonexistent/guest.elf"), "{e}");
-        let path = std::env::temp_dir().join(format!("vpmu-guest-{}", std::process::id()));
-        std::fs::write(&path, b"not an elf").expect("temp file");
-        let o = Options {
-            guests: vec![path.clone()],
-            ..Options::default()
-        };
-        let e = o.workloads().expect_err("not an ELF");
-        assert!(matches!(e, ProfileError::GuestSymbols { .. }), "{e:?}");
-        assert!(e.to_string().contains("not an ELF"), "{e}");
-        std::fs::remove_file(&path).ok();
-        let w = Options::default().workloads().expect("built-in");
-        assert_eq!(w.len(), 3);
-        assert!(w.iter().all(|d| d.workload.is_some()));
-    }
 }

@@ -18,6 +18,7 @@ use super::protocol::{
 };
 use super::workloads::Workload;
 use crate::ProfileError;
+use crate::linux::LinuxProfiler;
 use vpmu::VcpuId;
 use vpmu_machine::symbols::Symbols;
 
@@ -137,6 +138,8 @@ pub struct Plan {
     /// Set (by a SIGINT handler) to end the run early and keep what was collected
     /// (`StopPort`).
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// Domain 0: the Linux guest (`--profiler linux`), or None for `profile/profiler.c`.
+    pub linux: Option<Arc<LinuxProfiler>>,
 }
 
 /// Progress counters of one workload vCPU (`work_stats[vCPU]`).
@@ -186,6 +189,8 @@ pub struct RunData {
     pub work: Vec<Vec<WorkStats>>,
     /// Wall time of the run.
     pub wall: Duration,
+    /// Domain 0 was this Linux guest (None: `profile/profiler.c`).
+    pub linux: Option<Arc<LinuxProfiler>>,
 }
 
 impl RunData {
@@ -316,19 +321,16 @@ pub fn run<P: Personality + Copy + Sync>(
         .chain(plan.workloads.iter().map(|w| w.image.as_slice()))
         .collect();
     let domains = images.len() as u32;
-    let mut machine = Machine::with_images(
-        kvm,
-        p,
-        cpuid,
-        &|d| images[d as usize],
-        0,
-        Layout::SharedPcpus {
-            pcpus: plan.pcpus,
-            domains,
-            vcpus: plan.vcpus,
-        },
-    )
-    .map_err(ProfileError::Setup)?;
+    let layout = Layout::SharedPcpus {
+        pcpus: plan.pcpus,
+        domains,
+        vcpus: plan.vcpus,
+    };
+    let mut machine = match &plan.linux {
+        None => Machine::with_images(kvm, p, cpuid, &|d| images[d as usize], 0, layout)
+            .map_err(ProfileError::Setup)?,
+        Some(linux) => crate::linux::machine(kvm, p, cpuid, linux, plan, &images[1..])?,
+    };
     let tsc_khz = u64::from(machine.tsc_khz().ok_or(ProfileError::NoTscFrequency)?);
     let (period, jitter) = period_for(plan.frequency, tsc_khz);
     let duration = (plan.duration.as_micros() as u64).saturating_mul(tsc_khz) / 1000;
@@ -343,16 +345,20 @@ pub fn run<P: Personality + Copy + Sync>(
         delivery: plan.delivery.wire(),
         ring_latency_us: plan.delivery.latency_us(role),
     };
-    let Some(profiler_config) = configure(
-        &machine,
-        PRIVILEGED_DOMAIN,
-        profiler,
-        &config(ROLE_PROFILER, 0),
-    )?
-    else {
-        return Err(ProfileError::NoProfilerConfig);
+    // A Linux domain 0 takes its orders from its command line (`linux::machine`).
+    let profiler_config = match plan.linux {
+        Some(_) => None,
+        None => Some(
+            configure(
+                &machine,
+                PRIVILEGED_DOMAIN,
+                profiler,
+                &config(ROLE_PROFILER, 0),
+            )?
+            .ok_or(ProfileError::NoProfilerConfig)?,
+        ),
     };
-    let mut configs = vec![Some(profiler_config)];
+    let mut configs = vec![profiler_config];
     // The run ends with the samplers: the profiler (except in self mode, where it only
     // idles: it is stopped with the passive domains, so that an interrupted run does not
     // wait for its duration) and, when they sample themselves, the workloads that take part
@@ -391,7 +397,12 @@ pub fn run<P: Personality + Copy + Sync>(
         plan.interrupt.clone(),
         configs,
     )));
-    let timeout = plan.duration + Duration::from_secs(60);
+    let timeout = plan.duration
+        + Duration::from_secs(if plan.linux.is_some() {
+            crate::linux::BOOT_ALLOWANCE_S
+        } else {
+            60
+        });
     let start = Instant::now();
     let done = AtomicBool::new(false);
     let results = std::thread::scope(|s| {
@@ -455,6 +466,7 @@ pub fn run<P: Personality + Copy + Sync>(
         shipments,
         work,
         wall,
+        linux: plan.linux.clone(),
     })
 }
 

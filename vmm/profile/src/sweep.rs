@@ -200,6 +200,7 @@ pub fn sweep<P: Personality + Copy + Sync>(
         workloads: workloads.to_vec(),
         progress: options.progress,
         interrupt: None,
+        linux: None,
     };
     let configs: Vec<(Mode, u64, DeliveryPath)> = [Mode::All, Mode::SelfOnly]
         .into_iter()

@@ -435,6 +435,7 @@ mod tests {
             )],
             work: vec![Vec::new(), Vec::new()],
             wall: Duration::from_secs(1),
+            linux: None,
         }
     }
 

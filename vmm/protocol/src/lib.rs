@@ -83,10 +83,11 @@ pub mod port {
         /// inner pCPU's bus the next MSR access is made through, and which inner operation
         /// runs on which inner pCPU for which inner vCPU.
         TRACE: u16 = 0x19;
-        /// Start (`vpmu profile --profiler linux`): `outl` (any value) by domain 0 releases
-        /// the workload domains a mixed machine holds until then (`Machine::linux_with_images`
-        /// holds them while the Linux domain boots); `port::BATCH` from domain 0 releases them
-        /// too. Ignored everywhere else.
+        /// Start (`vpmu profile --profiler linux`): `outl` of a non-zero value by domain 0
+        /// releases the workload domains a mixed machine holds until then
+        /// (`Machine::linux_with_images` holds them while the Linux domain boots;
+        /// `port::BATCH` from domain 0 releases them too), `outl` of 0 holds them again (the
+        /// sampling is over: Linux shuts down alone). Ignored everywhere else.
         START: u16 = 0x1A;
     }
 }
