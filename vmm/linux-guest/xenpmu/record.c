@@ -55,6 +55,10 @@ struct ring_batch {
 _Static_assert(sizeof(struct ring_batch) == RING_BATCH_SIZE, "ring_batch size");
 _Static_assert(offsetof(struct ring_batch, record_max) == 112, "ring_batch layout");
 
+#ifndef PORT_START
+#error "guest_protocol.h predates port::START: rebuild the VMM (cargo build -p vpmu-guests)"
+#endif
+
 #define MAX_CPUS 64
 #define MAX_DOMAINS 64
 #define PAGE 4096u
@@ -286,6 +290,14 @@ static void round_one(struct cpu_ring *r, int always)
 	release(r, head);
 }
 
+/* port::START (vmm/protocol): a non-zero value starts the session (the VMM releases the
+ * workload domains it holds while this domain boots), 0 ends it (the VMM holds them again). */
+static void ring_start_port(uint32_t value)
+{
+	if (doorbell)
+		doorbell[PORT_START] = value;
+}
+
 /* The guest-physical address of the (locked) batch page, from /proc/self/pagemap. */
 static uint64_t gpa_of(const void *p)
 {
@@ -416,7 +428,10 @@ int main(int argc, char **argv)
 		die("the batch page is at 0x%" PRIx64 ", above 4 GiB: the doorbell takes 32 bits",
 		    batch_gpa);
 	open_rings();
-	/* Sampling runs from here (start=open): say so at once (stdout may be a file). */
+	/* The VMM holds the other domains' vCPUs until this domain starts the session (or ships
+	 * its first batch); the sampling runs from the open (start=open). */
+	ring_start_port(1);
+	/* Say so at once (stdout may be a file). */
 	printf("VPMU-RESULT record=open cpus=%u data_size=%u doorbell=%s batch_gpa=0x%" PRIx64 "\n",
 	       ring_count, rings[0].desc.data_size, bell, batch_gpa);
 	fflush(stdout);
@@ -437,8 +452,7 @@ int main(int argc, char **argv)
 	}
 	/* The sampled interval is over: the VMM holds the workload domains again (PORT_START
 	 * with 0), so that unloading the driver and shutting down do not share the pCPU. */
-	if (doorbell)
-		doorbell[PORT_START] = 0;
+	ring_start_port(0);
 	elapsed = (double)(now_ns() - start) / 1e9;
 
 	for (i = 0; i < ring_count; i++) {
