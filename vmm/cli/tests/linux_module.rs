@@ -20,7 +20,8 @@
 //! its lost samples is exactly what the hypervisor's producer counted and what `/proc/xenpmu`
 //! says (the driver adds the released counts); nothing corrupt or out of order; a second
 //! recorder is refused with EBUSY while the first has the device open; a second insmod of the
-//! loaded driver is refused with EEXIST; the unload after it works (FINISH, accounted). The
+//! loaded driver is refused with EEXIST; a recorder without the driver, or with a doorbell in
+//! RAM, fails with a line saying so; the unload after it works (FINISH, accounted). The
 //! ring passes' unloads run while counter 0 still samples (the finish line counts more than
 //! `/proc/xenpmu` did).
 //!
@@ -199,7 +200,26 @@ fn check_recorder(pmu: &str, console: &str) {
         console.contains("xenpmu-record: opening /dev/xenpmu failed: Device or resource busy"),
         "{pmu}: no EBUSY line for the second recorder"
     );
-    assert_eq!(results(console, &[("record", "failed")]).len(), 1);
+    // Refusals with a line saying why: no driver, a doorbell in RAM.
+    for (what, line) in [
+        (
+            "record-unloaded",
+            "xenpmu-record: opening /dev/xenpmu failed: No such file or directory",
+        ),
+        (
+            "record-ram-doorbell",
+            "xenpmu-record: mapping the doorbell page 0x100000 through /dev/mem failed: \
+             Operation not permitted",
+        ),
+    ] {
+        let r = results(console, &[("xenpmu", what)]);
+        assert!(
+            r.len() == 1 && r[0].get("status") == Some(&"1"),
+            "{pmu}: {what}: {r:?}"
+        );
+        assert!(console.contains(line), "{pmu}: {what}: no line {line:?}");
+    }
+    assert_eq!(results(console, &[("record", "failed")]).len(), 3);
 
     let open = results(console, &[("record", "open")]);
     assert!(
