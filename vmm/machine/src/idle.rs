@@ -3,8 +3,9 @@
 //!
 //! **Hold.** A mixed machine (`Machine::linux_with_images`) can hold its workload domains
 //! (every domain but 0) while the Linux domain boots, so that the boot does not share the
-//! pCPU with them: they are released when domain 0 first writes `port::START` or
-//! `port::BATCH` (an `outl` or the MMIO port window), or ends.
+//! pCPU with them: they are released when domain 0 first writes `port::START` (non-zero) or
+//! `port::BATCH` (an `outl` or the MMIO port window), or ends, and held again when it
+//! writes `port::START` with 0 (its sampling is over).
 //!
 //! **Idle.** With the in-kernel LAPIC, a guest's `hlt` blocks inside `KVM_RUN` until an
 //! interrupt, or the VMM's kick at the end of the slice: on a shared pCPU every turn of an
@@ -33,6 +34,10 @@ use crate::runner::Runner;
 /// LAPIC did not announce, a guest halted with interrupts off that the power-off check must
 /// see).
 pub(crate) const IDLE_POLL: Duration = Duration::from_millis(10);
+/// How often a Linux vCPU's slice looks whether it halted, while another vCPU could run.
+/// Each look is an exit of the vCPU: about 60 µs of a Linux vCPU's time on this host
+/// (CPL0 emulated), so looks are made only while it idles (`sched`).
+pub(crate) const HALT_CHECK: Duration = Duration::from_micros(200);
 /// The shortest slice a vCPU gets when an idle vCPU's timer is about to fire.
 pub(crate) const MIN_SLICE: Duration = Duration::from_micros(100);
 
@@ -137,17 +142,22 @@ pub(crate) fn lapic_wake(regs: &[u8], tsc: Option<(u64, u64)>, tsc_khz: u64) -> 
 }
 
 impl<P: Personality> Runner<'_, P> {
-    /// After a slice: if this vCPU is halted, until when its turns can be passed over (module
-    /// docs); None if it is not halted, its LAPIC cannot be read, or its timer is due.
-    pub(crate) fn idle_until(&self) -> Option<Instant> {
+    /// After a slice: whether this vCPU is halted, and if so until when its turns can be
+    /// passed over (module docs): None if its LAPIC cannot be read or its timer is due.
+    pub(crate) fn idle_until(&self) -> (Option<Instant>, bool) {
         let halted = self
             .vcpu
             .fd
             .get_mp_state()
             .is_ok_and(|s| s.mp_state == kvm_bindings::KVM_MP_STATE_HALTED);
         if !halted {
-            return None;
+            return (None, false);
         }
+        (self.halted_until(), true)
+    }
+
+    /// `idle_until` of a halted vCPU.
+    fn halted_until(&self) -> Option<Instant> {
         let now = Instant::now();
         if self.sync.regs.rflags & RFLAGS_IF == 0 {
             // Only an NMI would wake it (a powered-off guest): looked at now and then.

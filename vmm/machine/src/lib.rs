@@ -34,7 +34,9 @@
 //! Modules: `platform` (the `vpmu::Platform` impl and the state the pCPU threads share),
 //! `runner` (the vCPU thread's run loop and migrations), `sched` (several domains' vCPUs on one
 //! thread and pCPU), `exit` (copying exits out of `kvm_run`, MSR and hypercall handling),
-//! `precise` and `timed` (the two event sources).
+//! `precise` and `timed` (the two event sources), `window` (the MMIO port window: `outl`s by
+//! MMIO, for guest code whose port I/O does not reach the VMM), `mixed` (a Linux domain 0 with
+//! ELF workload domains on one pCPU) and `idle` (held workloads, a halted Linux vCPU's turns).
 
 use std::fmt::Write as _;
 use std::sync::mpsc::{self, Receiver};
@@ -507,6 +509,7 @@ impl<P: Personality> Machine<P> {
             stepping_over: false,
             quirks: quirks_of(me),
             completions: complete::Completions::default(),
+            halt_check: None,
         });
         // Boot-image mode has one vCPU, which gets the devices.
         let mut devices = devices;

@@ -50,6 +50,11 @@ pub struct RunResult {
     /// Nanoseconds it spent halted inside `KVM_RUN` (timed source, where KVM's statistics
     /// tell: `halt::HaltClock`); no cycles are counted for them.
     pub halted_ns: u128,
+    /// Shared pCPU, a Linux domain's vCPU: its slices that ended with it halted (idling in
+    /// `hlt`), and their wall time: what its idling took of the pCPU (`idle`).
+    pub idle_slices: u64,
+    /// See `idle_slices`.
+    pub idle_slice_ns: u128,
     /// Guest memory copied after the run (`Machine::peek_after_run`): (GPA, bytes).
     pub peeked: Vec<(u64, Vec<u8>)>,
     /// Locks taken over the MSR exits answered by the vpmu, each from the exit to the next

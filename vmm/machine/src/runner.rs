@@ -77,6 +77,9 @@ pub(super) struct Runner<'a, P: Personality> {
     /// Timed mode on a host that emulates CPL0: each run's time split between the levels by
     /// the instructions KVM emulated in it (`timed`).
     pub(super) split: Option<crate::timed::CplSplit>,
+    /// A shared pCPU's halting vCPU with others waiting: look this often whether it halted
+    /// (its `hlt` blocks in `KVM_RUN`; `idle`).
+    pub(super) halt_check: Option<Duration>,
 }
 
 /// A runner's view for one call into the core: the platform, its pCPU's parts, the shared
@@ -450,6 +453,9 @@ impl<'a, P: Personality> Runner<'a, P> {
                 // Early if the host preempts the thread: the loop then enters again for the
                 // rest.
                 deadline = deadline.min(Instant::now() + left);
+            }
+            if let Some(every) = self.halt_check {
+                deadline = deadline.min(Instant::now() + every);
             }
             if let Some(at) = power_check {
                 if Instant::now() >= at {

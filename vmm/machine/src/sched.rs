@@ -100,6 +100,8 @@ pub(super) fn run_shared<P: Personality>(
     // A Linux domain's vCPU halted in `hlt`: until when its turns are passed over (`idle`).
     let mut idle: Vec<Option<Instant>> = vec![None; runners.len()];
     let idle_aware: Vec<bool> = runners.iter().map(|r| r.devices.is_some()).collect();
+    // Its last slice ended halted: it is idling, and may halt again in the next one.
+    let mut halting = vec![false; runners.len()];
     let held = |r: &Runner<'_, P>| shared.hold.holds(r.me.domain);
     while done.iter().zip(&required).any(|(&d, &r)| r && !d) {
         let now = Instant::now();
@@ -120,10 +122,12 @@ pub(super) fn run_shared<P: Personality>(
         }
         // An idle vCPU's turn goes to the others while one of them can run.
         let blocked = |j: usize| done[j] || held(&runners[j]) || idle[j].is_some_and(|t| t > now);
-        if picked.is_none() && blocked(i) && (0..runners.len()).any(|j| j != i && !blocked(j)) {
+        let others = (0..runners.len()).any(|j| j != i && !blocked(j));
+        if picked.is_none() && blocked(i) && others {
             continue;
         }
         idle[i] = None;
+        let slice_start = Instant::now();
         let mut budget = runners[i].preempted.take().unwrap_or(FULL_SLICE);
         if done[i] {
             continue;
@@ -135,6 +139,11 @@ pub(super) fn run_shared<P: Personality>(
                     .max(crate::idle::MIN_SLICE),
             );
         }
+        // A vCPU that may halt in its slice while another could use the pCPU is looked at
+        // often: its `hlt` would block in KVM_RUN for the rest of the slice. Only while it is
+        // idling: each look is an exit, which a busy vCPU need not pay.
+        runners[i].halt_check =
+            (idle_aware[i] && halting[i] && others).then_some(crate::idle::HALT_CHECK);
         let runner = &mut runners[i];
         kick.kick().retarget(runner.vcpu.fd.get_kvm_run());
         let me = runner.me;
@@ -160,7 +169,11 @@ pub(super) fn run_shared<P: Personality>(
             }
         }
         if idle_aware[i] && !done[i] {
-            idle[i] = runners[i].idle_until();
+            (idle[i], halting[i]) = runners[i].idle_until();
+            if halting[i] {
+                results[i].idle_slices += 1;
+                results[i].idle_slice_ns += slice_start.elapsed().as_nanos();
+            }
         }
         if done[i] && runners[i].me.domain == crate::PRIVILEGED_DOMAIN {
             shared.hold.release();

@@ -42,8 +42,9 @@ macro_rules! constants {
     };
 }
 
-/// The I/O ports through which a guest talks to the VMM (CPL0 only on this host's KVM). The
-/// machine (`vpmu-machine`) serves `CONSOLE` to `YIELD` and `START`; consumers serve the others through
+/// The I/O ports through which a guest talks to the VMM (CPL0 only on this host's KVM; the
+/// MMIO port window `mmio` reaches them from anywhere). The machine (`vpmu-machine`) serves
+/// `CONSOLE` to `YIELD` and `START`; consumers serve the others through
 /// `vpmu_machine::GuestPorts`.
 pub mod port {
     constants! {
