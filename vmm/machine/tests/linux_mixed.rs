@@ -232,3 +232,115 @@ fn an_idle_linux_leaves_the_pcpu_to_the_workload() {
         idle[1]
     );
 }
+
+/// What domain 0 wrote to `port::BATCH`: (vCPU, value, the magic at that GPA).
+#[derive(Default)]
+struct Doorbell {
+    rings: std::sync::Mutex<Vec<(vpmu::VcpuId, u32, Option<u32>)>>,
+}
+
+impl vpmu_machine::GuestPorts for Doorbell {
+    fn out(
+        &self,
+        access: vpmu_machine::PortAccess<'_>,
+        port: u16,
+        value: u32,
+    ) -> Result<(), String> {
+        if port == vpmu_guest_protocol::port::BATCH {
+            let magic = access
+                .memory
+                .to_vec(u64::from(value), 4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            self.rings
+                .lock()
+                .map_err(|_| "poisoned")?
+                .push((access.vcpu, value, magic));
+        }
+        Ok(())
+    }
+}
+
+/// Linux's user-space recorder (`/bin/xenpmu-record`, `initramfs-xenpmu.cpio`) rings the
+/// doorbell through the MMIO port window from CPL3: the shipments reach the extension as
+/// `outl(BATCH)` of domain 0 with the GPA of a `struct ring_batch`, and the first one
+/// releases the held workload.
+#[test]
+#[ignore = "boots Linux (half a minute): run with --ignored"]
+fn linux_user_space_rings_the_doorbell_through_the_window() {
+    let Some((kernel, _)) = guest() else {
+        return;
+    };
+    let Ok(initrd) = std::fs::read(artifacts().join("initramfs-xenpmu.cpio")) else {
+        return skip("no initramfs-xenpmu.cpio (vmm/linux-guest/build.sh)");
+    };
+    let kvm = vpmu_machine::kvm::usable().expect("checked");
+    let cpuid = vpmu_machine::kvm::supported_cpuid(&kvm).expect("cpuid");
+    let options = LinuxOptions {
+        mem_size: (DEFAULT_MEM_MIB << 20) as usize,
+        cmdline: cmdline(&format!(
+            "vpmu.run=record vpmu.mode=self vpmu.period=500000 vpmu.seconds=1 \
+             vpmu.doorbell={:#x}",
+            vpmu_guest_protocol::mmio::PORTS_BASE
+        )),
+        initrd: Some(initrd),
+        echo: false,
+    };
+    let work: &[u8] = vpmu_guests::WORK;
+    let mut machine = Machine::linux_with_images(
+        &kvm,
+        Intel::v5(Source::Timed),
+        &cpuid,
+        &kernel,
+        &options,
+        &Workloads {
+            image_of: &|_| work,
+            domains: 1,
+            vcpus: 1,
+            arg: 0,
+        },
+    )
+    .expect("the mixed machine");
+    let (config, _) = Symbols::address_of(work, "profile_config")
+        .expect("symbols")
+        .expect("profile_config");
+    let mut bytes = [0u8; 48];
+    bytes[..4].copy_from_slice(&PROFILE_CONFIG_MAGIC.to_le_bytes());
+    bytes[4..8].copy_from_slice(&ROLE_WORKLOAD.to_le_bytes());
+    bytes[12..16].copy_from_slice(&1u32.to_le_bytes());
+    machine
+        .memory(1)
+        .expect("domain 1")
+        .write(config, &bytes)
+        .expect("in RAM");
+    machine.finish_with(vec![0]);
+    machine.hold_workloads();
+    let doorbell = std::sync::Arc::new(Doorbell::default());
+    machine.extend(doorbell.clone());
+    let results = machine.run(Duration::from_secs(600));
+    let (linux, work) = (&results[0], &results[1]);
+    println!(
+        "record: Linux ran {:.1} s, {} idle slices ({:.3} s); workload ran {:.2} s",
+        linux.guest_ns as f64 / 1e9,
+        linux.idle_slices,
+        linux.idle_slice_ns as f64 / 1e9,
+        work.guest_ns as f64 / 1e9
+    );
+    assert_eq!(linux.error, None, "{}", linux.console);
+    assert_eq!(linux.status, Some(0), "{}", linux.console);
+    let rings = doorbell.rings.lock().expect("lock").clone();
+    println!("{} shipments", rings.len());
+    assert!(!rings.is_empty(), "no shipment:\n{}", linux.console);
+    let linux_vcpu = vpmu::VcpuId { domain: 0, vcpu: 0 };
+    for (vcpu, gpa, magic) in &rings {
+        assert_eq!(*vcpu, linux_vcpu);
+        assert_eq!(
+            *magic,
+            Some(vpmu_guest_protocol::profile::RING_BATCH_MAGIC),
+            "at {gpa:#x}"
+        );
+    }
+    assert!(
+        work.guest_ns > 0,
+        "the first shipment releases the workload"
+    );
+}
