@@ -20,8 +20,8 @@
 //! its lost samples is exactly what the hypervisor's producer counted and what `/proc/xenpmu`
 //! says (the driver adds the released counts); nothing corrupt or out of order; a second
 //! recorder is refused with EBUSY while the first has the device open; a second insmod of the
-//! loaded driver is refused with EEXIST; a recorder without the driver, or with a doorbell in
-//! RAM, fails with a line saying so; the unload after it works (FINISH, accounted). The
+//! loaded driver is refused with EEXIST; a recorder without a ring (the page pass), without the
+//! driver, or with a doorbell in RAM, fails with a line saying so; the unload after it works (FINISH, accounted). The
 //! ring passes' unloads run while counter 0 still samples (the finish line counts more than
 //! `/proc/xenpmu` did).
 //!
@@ -191,17 +191,29 @@ fn check_recorder(pmu: &str, console: &str) {
         "{pmu}: a second insmod of the loaded driver: {twice:?}"
     );
     assert!(console.contains("can't insert '/lib/modules/xenpmu.ko': File exists"));
+    let wait = results(console, &[("xenpmu", "wait-open")]);
+    assert!(
+        wait.len() == 1 && wait[0].get("opened") == Some(&"yes"),
+        "{pmu}: the first recorder never said it had the device open: {wait:?}\n{}",
+        tail(console, 60)
+    );
     let second = results(console, &[("xenpmu", "second-open")]);
     assert!(
         second.len() == 1 && second[0].get("status") == Some(&"1"),
-        "{pmu}: a second recorder: {second:?}"
+        "{pmu}: a second recorder: {second:?}\n{}",
+        tail(console, 60)
     );
     assert!(
         console.contains("xenpmu-record: opening /dev/xenpmu failed: Device or resource busy"),
         "{pmu}: no EBUSY line for the second recorder"
     );
-    // Refusals with a line saying why: no driver, a doorbell in RAM.
+    // Refusals with a line saying why: no ring (the page pass), no driver, a doorbell in RAM.
     for (what, line) in [
+        (
+            "record-page-only",
+            "xenpmu-record: opening /dev/xenpmu failed: No data available (no CPU has a sample \
+             ring",
+        ),
         (
             "record-unloaded",
             "xenpmu-record: opening /dev/xenpmu failed: No such file or directory",
@@ -219,7 +231,11 @@ fn check_recorder(pmu: &str, console: &str) {
         );
         assert!(console.contains(line), "{pmu}: {what}: no line {line:?}");
     }
-    assert_eq!(results(console, &[("record", "failed")]).len(), 3);
+    assert_eq!(results(console, &[("record", "failed")]).len(), 4);
+    assert!(
+        console.contains("xenpmu: /dev/xenpmu: no CPU has a sample ring"),
+        "{pmu}: no kernel line for the page-only open"
+    );
 
     let open = results(console, &[("record", "open")]);
     assert!(
@@ -251,6 +267,7 @@ fn check_recorder(pmu: &str, console: &str) {
     assert_eq!(number(total, "shipments"), 0, "{pmu}: {total:?}");
     assert_eq!(number(total, "bytes"), 0, "{pmu}: {total:?}");
     assert_eq!(total.get("doorbell"), Some(&"none"));
+    assert_eq!(total.get("ended_by"), Some(&"signal"), "{pmu}: {total:?}");
     // The producer's own counts, final after XENPMU_IOC_STOP: every record was read.
     assert_eq!(samples, number(cpu, "produced"), "{pmu}: {cpu:?}");
     assert_eq!(lost, number(cpu, "produced_lost"), "{pmu}: {cpu:?}");

@@ -47,18 +47,22 @@ static void xenpmu_dev_return_fn(void *info)
 	c->kernel_reads = !xenpmu_reader_user();
 }
 
-static void xenpmu_dev_for_each_ring(smp_call_func_t fn)
+/* Runs fn on every CPU with a ring; how many there are. */
+static unsigned int xenpmu_dev_for_each_ring(smp_call_func_t fn)
 {
-	unsigned int cpu;
+	unsigned int cpu, rings = 0;
 
 	mutex_lock(&xenpmu_lock);
 	for_each_online_cpu(cpu) {
 		struct xenpmu_cpu *c = xenpmu_cpu_state(cpu);
 
-		if (c && c->ring)
+		if (c && c->ring) {
 			smp_call_function_single(cpu, fn, c, 1);
+			rings++;
+		}
 	}
 	mutex_unlock(&xenpmu_lock);
+	return rings;
 }
 
 static long xenpmu_dev_start_fn(void *info)
@@ -92,7 +96,12 @@ static int xenpmu_dev_open_fn(struct inode *inode, struct file *file)
 
 	if (atomic_cmpxchg(&xenpmu_dev_open, 0, 1) != 0)
 		return -EBUSY;
-	xenpmu_dev_for_each_ring(xenpmu_dev_claim_fn);
+	if (!xenpmu_dev_for_each_ring(xenpmu_dev_claim_fn)) {
+		/* The device reads rings only: page samples stay the driver's. */
+		pr_info("/dev/xenpmu: no CPU has a sample ring (the hypervisor offers none, or ring_pages=0): open refused (ENODATA)\n");
+		atomic_set(&xenpmu_dev_open, 0);
+		return -ENODATA;
+	}
 	rc = xenpmu_dev_start_all();
 	if (rc) {
 		xenpmu_dev_for_each_ring(xenpmu_dev_return_fn);

@@ -14,6 +14,7 @@
  * driver (XENPMU_IOC_RELEASE). After SECONDS it ends each CPU's sampling (XENPMU_IOC_STOP),
  * reads and ships the rest (one last shipment even if empty: it carries the producer's final
  * counters) and prints VPMU-RESULT lines. `--doorbell none` walks and counts but ships nothing.
+ * SIGTERM or SIGINT ends the session early, the same way.
  *
  * Exit status: 0, or 1 with a line on stderr saying what failed (usage, the device, a ring,
  * the doorbell, the batch's address, a record the reader refused, or counts that do not add
@@ -21,6 +22,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -91,6 +93,12 @@ static int devfd = -1;
 static volatile uint32_t *doorbell; /* NULL: --doorbell none */
 static struct ring_batch batch_page[PAGE / sizeof(struct ring_batch)] __attribute__((aligned(4096)));
 static uint64_t batch_gpa;
+static volatile sig_atomic_t stop_signal; /* SIGTERM or SIGINT: end the session now */
+
+static void on_stop_signal(int sig)
+{
+	stop_signal = sig;
+}
 
 static void die(const char *fmt, ...)
 {
@@ -350,9 +358,16 @@ static void open_rings(void)
 	void *map;
 
 	devfd = open("/dev/xenpmu", O_RDWR | O_CLOEXEC);
-	if (devfd < 0)
-		die("opening /dev/xenpmu failed: %s (is xenpmu.ko loaded? EBUSY: another reader has it open)",
-		    strerror(errno));
+	if (devfd < 0) {
+		int err = errno;
+		const char *why =
+			err == EBUSY   ? "another reader has it open" :
+			err == ENODATA ? "no CPU has a sample ring: a page-only hypervisor, or ring_pages=0" :
+			err == ENOENT  ? "is xenpmu.ko loaded?" :
+					 "see the kernel log";
+
+		die("opening /dev/xenpmu failed: %s (%s)", strerror(err), why);
+	}
 	for (cpu = 0; cpu < MAX_CPUS; cpu++) {
 		memset(&d, 0, sizeof(d));
 		d.cpu = cpu;
@@ -436,9 +451,11 @@ int main(int argc, char **argv)
 	       ring_count, rings[0].desc.data_size, bell, batch_gpa);
 	fflush(stdout);
 
+	signal(SIGTERM, on_stop_signal);
+	signal(SIGINT, on_stop_signal);
 	start = now_ns();
 	stop = start + (uint64_t)(seconds * 1e9);
-	while (now_ns() < stop) {
+	while (!stop_signal && now_ns() < stop) {
 		for (i = 0; i < ring_count; i++)
 			round_one(&rings[i], 0);
 		nanosleep(&nap, NULL);
@@ -500,10 +517,10 @@ int main(int argc, char **argv)
 		       other_domain_samples);
 	printf("VPMU-RESULT record=total cpus=%u domains=%u samples=%" PRIu64 " lost=%" PRIu64
 	       " shipments=%" PRIu64 " bytes=%" PRIu64 " seconds=%.3f samples_per_s=%.0f"
-	       " ship_us_mean=%.1f doorbell=%s batch_gpa=0x%" PRIx64 " status=%d\n",
+	       " ship_us_mean=%.1f doorbell=%s batch_gpa=0x%" PRIx64 " ended_by=%s status=%d\n",
 	       ring_count, domain_count, samples, lost, shipments, bytes, elapsed,
 	       elapsed > 0 ? (double)samples / elapsed : 0.0,
 	       shipments ? ticks_us(ship_ticks, rings[0].desc.tsc_khz) / (double)shipments : 0.0,
-	       bell, batch_gpa, bad);
+	       bell, batch_gpa, stop_signal ? "signal" : "time", bad);
 	return bad;
 }
