@@ -68,6 +68,8 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ),
     // An example of a user's guest for `vpmu profile --guest` (used by the CLI's tests).
     ("example", &["profile/example.c"]),
+    // A hostile workload domain: attacks the interface from inside the rules (CLI tests).
+    ("hostile", &["profile/hostile.c", "profile/hostile_ring.c"]),
     // `vpmu coverage`: reads the vPMU's coverage through XENPMU_OP_COVERAGE.
     ("coverage", &["coverage/coverage.c"]),
 ];
@@ -400,6 +402,7 @@ fn main() {
         "runtime/start.S",
         "runtime/link.ld",
         "profile/profile.h",
+        "profile/hostile.h",
     ] {
         println!("cargo:rerun-if-changed={file}");
     }

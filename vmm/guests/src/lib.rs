@@ -6,7 +6,7 @@
 //!   `pmu.h`).
 //! * `selftest/`: the conformance cases (`PMU`, `COMPAT`) and the MSR-exit benchmark (`BENCH`).
 //! * `profile/`: the profiling and workload domains of `vpmu profile` (`PROFILER`, `WORK`) and
-//!   an example user guest (`EXAMPLE`).
+//!   an example user guest (`EXAMPLE`) and a hostile one (`HOSTILE`).
 //! * `coverage/`: the guest side of `vpmu coverage` (`COVERAGE`).
 //! * `ring0/`: an inner hypervisor built from the vpmu crates at guest CPL0 on two vCPUs
 //!   (`RING0`, run by `vpmu-ring0`).
@@ -27,6 +27,13 @@ pub static WORK: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/work.elf"));
 
 /// An example of a user's own guest for `vpmu profile --guest` (`profile/example.c`).
 pub static EXAMPLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/example.elf"));
+
+/// A hostile workload domain for `vpmu profile --guest` (`profile/hostile.c`,
+/// `profile/hostile_ring.c`): attacks the interface from inside what a guest may do, on every
+/// vCPU, and ends its vCPU's run with status 0xbad at the first outcome the ABI rules out.
+/// Entry RDI: bits 31-0 the rounds per vCPU (0: until stopped), bits 39-32 a mode that domain
+/// 0 sets (the machine-level test; `vpmu profile` passes 0).
+pub static HOSTILE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hostile.elf"));
 
 /// The guest side of `vpmu coverage` (`coverage/coverage.c`).
 pub static COVERAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/coverage.elf"));
