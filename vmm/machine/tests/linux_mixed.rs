@@ -3,10 +3,12 @@
 //! and one `work.elf` workload domain on ONE shared pCPU (`Machine::linux_with_images`).
 //!
 //! Checks: Linux runs its `count` step and ends with isa-debug-exit 0 while the workload runs
-//! beside it (its `work_stats` show rounds done, and it was scheduled many times); with the
-//! workloads held (`hold_workloads`) and nothing in Linux starting them, the workload never
-//! runs and Linux boots alone. The times of the runs (and how long Linux spent halted in
-//! `KVM_RUN`) are printed. Without the artifacts or `/dev/kvm` the test says SKIPPED and
+//! beside it (its `work_stats` show rounds done); with the workloads held (`hold_workloads`)
+//! and nothing in Linux starting them, the workload never runs and Linux boots alone; an idle
+//! Linux's time goes to the workload; Linux user space reaches the ports through the MMIO port
+//! window (busybox `devmem`: console, exit status, a read, refused widths ignored), and the
+//! project's recorder's shipments arrive as `outl(BATCH)` and release held workloads. The
+//! times of the runs are printed. Without the artifacts or `/dev/kvm` the test says SKIPPED and
 //! passes. Each boot takes tens of seconds (Linux's CPL0 is emulated here), so it is
 //! `#[ignore]`d: `cargo test --release -p vpmu-machine --test linux_mixed -- --ignored
 //! --nocapture`.
@@ -342,5 +344,40 @@ fn linux_user_space_rings_the_doorbell_through_the_window() {
     assert!(
         work.guest_ns > 0,
         "the first shipment releases the workload"
+    );
+}
+
+/// The window from a Linux domain's user space (busybox `devmem` through `/dev/mem`): a
+/// 2-byte and a 1-byte write are ignored (a line on stderr each), a read gives 0, a 4-byte
+/// write to the console port's slot reaches the machine's console, and one to the exit
+/// port's ends the run with that status.
+#[test]
+#[ignore = "boots Linux (half a minute): run with --ignored"]
+fn linux_user_space_reaches_the_ports_through_the_window() {
+    let Some((kernel, initrd)) = guest() else {
+        return;
+    };
+    let slot = |port: u16| vpmu_guest_protocol::mmio::PORTS_BASE + 4 * u64::from(port);
+    let batch = slot(vpmu_guest_protocol::port::BATCH);
+    let script = format!(
+        "D=/bin/busybox; $D mount -t devtmpfs dev /dev; $D devmem {:#x} 16 1; $D devmem {:#x} 8 1; $D devmem {:#x}; \
+         $D devmem {:#x} 32 0x57; $D devmem {:#x} 32 5",
+        batch,
+        batch + 1,
+        slot(vpmu_guest_protocol::port::EXIT),
+        slot(vpmu_guest_protocol::port::CONSOLE),
+        slot(vpmu_guest_protocol::port::EXIT),
+    );
+    let line = cmdline("").replace("rdinit=/init", "rdinit=/bin/busybox")
+        + &format!(" -- sh -c \"{script}\"");
+    let o = run(&kernel, &initrd, line, 0, false);
+    let r = &o.linux;
+    assert_eq!(r.error, None, "{}", r.console);
+    assert_eq!(r.status, Some(5), "the exit port's slot\n{}", r.console);
+    assert!(r.console.contains("0x00000000"), "the read\n{}", r.console);
+    assert!(
+        r.console.contains('W'),
+        "the console port's slot\n{}",
+        r.console
     );
 }
