@@ -75,7 +75,12 @@ impl<P: Personality> Machine<P> {
     /// isa-debug-exit giving its status, the keyboard controller's reset); domains 1.. run
     /// `workloads`; all on one pCPU (`Layout::SharedPcpus { pcpus: 1, domains: 1 +
     /// workloads.domains, vcpus: workloads.vcpus }`); the vpmu in self mode. Results come
-    /// back one per vCPU, domain 0's first (with the pCPU's PMI log).
+    /// back one per vCPU, domain 0's first (with the pCPU's PMI log). `finish_with`,
+    /// `extend`, `peek_after_run`, `memory` and `tsc_khz` work as with `with_images`; a run
+    /// whose workloads never exit by themselves wants `finish_with(vec![0])` (Linux's
+    /// isa-debug-exit or reset ends it, the workloads are stopped then). The window's and
+    /// the project's ports reach the extension from every domain; Linux's port I/O goes to
+    /// its PC devices.
     pub fn linux_with_images(
         kvm: &Kvm,
         personality: P,
