@@ -80,7 +80,7 @@ impl<P: Personality> Machine<P> {
     /// whose workloads never exit by themselves wants `finish_with(vec![0])` (Linux's
     /// isa-debug-exit or reset ends it, the workloads are stopped then). The window's and
     /// the project's ports reach the extension from every domain; Linux's port I/O goes to
-    /// its PC devices.
+    /// its PC devices (and the xenpmu transport's port to the vpmu).
     pub fn linux_with_images(
         kvm: &Kvm,
         personality: P,
