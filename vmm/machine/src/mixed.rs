@@ -130,9 +130,9 @@ impl<P: Personality> Machine<P> {
         Ok(machine)
     }
 
-    /// A mixed machine: the workload domains are not scheduled until domain 0 first writes
-    /// `port::START` or `port::BATCH` (an `outl`, or the MMIO port window), or ends; so
-    /// Linux boots alone on the pCPU.
+    /// A mixed machine: the workload domains are not scheduled until domain 0 writes
+    /// `port::START` (non-zero) or `port::BATCH` (an `outl`, or the MMIO port window), or
+    /// ends; so Linux boots alone on the pCPU. `port::START` with 0 holds them again.
     pub fn hold_workloads(&mut self) {
         self.shared.hold.hold();
     }
