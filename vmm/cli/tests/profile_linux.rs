@@ -16,6 +16,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[expect(
+    dead_code,
+    reason = "the shared Linux-guest helpers; this test needs only the artifacts' directory"
+)]
 mod linux_guest;
 
 const SKIP: i32 = 77;
@@ -63,13 +67,13 @@ fn profile(args: &[&str], out: &Path) -> Option<(serde_json::Value, String)> {
     let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&result.stderr);
     if result.status.code() == Some(SKIP) {
-        skipped(&what, &format!("/dev/kvm not available ({})", stderr.trim()));
+        skipped(
+            &what,
+            &format!("/dev/kvm not available ({})", stderr.trim()),
+        );
         return None;
     }
-    println!(
-        "{what}: {:.1} s\n{stdout}",
-        started.elapsed().as_secs_f64()
-    );
+    println!("{what}: {:.1} s\n{stdout}", started.elapsed().as_secs_f64());
     assert!(
         result.status.success(),
         "{what} failed ({}):\n{stdout}\n{stderr}",
@@ -230,5 +234,8 @@ fn linux_receives_the_hypervisors_samples_in_hv_mode() {
         .find(|x| x["origin"]["kind"] == "hypervisor")
         .and_then(|x| x["samples"].as_u64())
         .unwrap_or(0);
-    assert!(hypervisor > 0, "hv mode: Linux received no hypervisor sample");
+    assert!(
+        hypervisor > 0,
+        "hv mode: Linux received no hypervisor sample"
+    );
 }
