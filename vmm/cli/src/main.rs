@@ -537,9 +537,15 @@ mod tests {
         assert!(!o.progress && !o.compare && !o.sweep);
         assert_eq!(o.guests, [PathBuf::from("a.elf"), PathBuf::from("b.elf")]);
         let linux = profile_options("--profiler linux --linux-guest /g --mode hv").expect("linux");
-        assert_eq!(linux.profiler, profile::Profiler::Linux(PathBuf::from("/g")));
+        assert_eq!(
+            linux.profiler,
+            profile::Profiler::Linux(PathBuf::from("/g"))
+        );
         assert_eq!((linux.pcpus, linux.mode), (1, profile::run::Mode::Hv));
-        assert_eq!(profile_options("").expect("").profiler, profile::Profiler::BuiltIn);
+        assert_eq!(
+            profile_options("").expect("").profiler,
+            profile::Profiler::BuiltIn
+        );
         let sweep = profile_options("--sweep --duration 1 --vendor amd").expect("sweep");
         assert!(sweep.sweep);
         assert_eq!(
@@ -586,8 +592,14 @@ mod tests {
             ),
             ("--profiler linux --pcpus 2".into(), "uniprocessor".into()),
             ("--profiler linux --mode self".into(), "not self".into()),
-            ("--profiler linux --page".into(), "it takes no --page".into()),
-            ("--profiler linux --sweep".into(), "no --profiler linux".into()),
+            (
+                "--profiler linux --page".into(),
+                "it takes no --page".into(),
+            ),
+            (
+                "--profiler linux --sweep".into(),
+                "no --profiler linux".into(),
+            ),
             ("--linux-guest d".into(), "it needs --profiler linux".into()),
         ] {
             let e = profile_options(&bad).expect_err(&bad);

@@ -57,7 +57,6 @@ pub use options::{
     Options, Profiler, Vendor,
 };
 
-
 /// The domains of `data` as the report sees them: the profiler, the workloads, and the
 /// hypervisor in hv mode, each with its symbols and the samples the vpmu dropped while it ran.
 fn domain_infos(data: &RunData, workloads: &[DomainPlan]) -> Vec<DomainInfo> {
@@ -207,7 +206,6 @@ pub enum Outcome {
     /// `Options::interrupt` was set: the outputs hold what was collected until then.
     Interrupted,
 }
-
 
 /// Runs `vpmu profile` and prints the report.
 pub fn profile(kvm: &Kvm, options: &Options) -> Result<Outcome, ProfileError> {
