@@ -25,6 +25,9 @@ pub struct Delivery {
     /// time on the pCPU; self mode, each sampler's own; hv mode, also the VMM's time serving
     /// the profiler, which is not included here).
     pub expected: u64,
+    /// Whose CPU time `expected` is of: every sampled domain's, or (a Linux domain 0, whose
+    /// time is mostly its unsampled boot) the workload domains' only.
+    pub expected_of: &'static str,
     /// The CPU time (seconds in `KVM_RUN`) of the sampled contexts.
     pub sampled_cpu_s: f64,
     /// PMIs the core handled with an interrupt (generated).
@@ -65,10 +68,16 @@ impl Delivery {
     pub fn of(data: &RunData) -> Self {
         // All mode: the pCPU's counter, every domain's time. Self/hv: each sampler's own; the
         // profiler (domain 0) samples only in hv mode.
+        // A Linux domain 0 boots and shuts down unsampled, the workloads held: only the
+        // workloads' time is known to be sampled time (`expected_of`).
+        let linux = data.linux.is_some();
         let cpu_s: f64 = data
             .results
             .iter()
-            .filter(|r| r.vcpu.is_some_and(|v| v.domain != 0) || data.mode != Mode::SelfOnly)
+            .filter(|r| {
+                let workload = r.vcpu.is_some_and(|v| v.domain != 0);
+                workload || (data.mode != Mode::SelfOnly && !linux)
+            })
             .map(|r| r.guest_ns as f64 / 1e9)
             .sum();
         let stats = data.results.iter().filter_map(|r| r.stats);
@@ -98,6 +107,7 @@ impl Delivery {
             frequency_hz: data.frequency,
             period_cycles: data.period,
             expected: (data.frequency as f64 * cpu_s).round() as u64,
+            expected_of: if linux { "workload domains" } else { "all sampled domains" },
             sampled_cpu_s: cpu_s,
             generated: stats.clone().map(|s| s.pmis_generated).sum(),
             delivered,
@@ -122,10 +132,15 @@ impl Delivery {
     /// The report's delivery line.
     pub fn line(&self) -> String {
         let mut line = format!(
-            "delivery ({}): {} samples expected, {} PMIs, {} delivered, {} dropped by the vpmu, \
-             {} lost in the guest",
+            "delivery ({}): {} samples expected{}, {} PMIs, {} delivered, {} dropped by the \
+             vpmu, {} lost in the guest",
             self.path,
             self.expected,
+            if self.expected_of == "workload domains" {
+                " (of the workload domains' time)"
+            } else {
+                ""
+            },
             self.generated,
             self.delivered,
             self.dropped,
