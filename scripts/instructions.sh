@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The core's hot paths in instructions (deterministic, callgrind): installs valgrind if it is
-# missing, builds the scenario binary in release mode and prints the Markdown table that the
-# README quotes (tests/src/bin/instructions/main.rs says what each row measures, reference.rs
+# missing, builds the scenario binary in release mode and prints the Markdown table that
+# docs/measurements.md quotes (tests/src/bin/instructions/main.rs says what each row measures, reference.rs
 # each row's must-change minimum, Xen figure and budget). It fails if a calibration run does
 # not come out at 0 or a scenario does not exercise what its name says; a row over its budget
 # is printed as "not met", not an error.

@@ -5,8 +5,8 @@
 //! without unexpected failures.
 //!
 //! The image is `$VPMU_KUT_PMU_ELF` (its default is in `image()`). Without the image or without a usable
-//! `/dev/kvm` each test says SKIPPED loudly and passes. The runs take minutes each (see the
-//! README), so they are `#[ignore]`d in the default test run:
+//! `/dev/kvm` each test says SKIPPED loudly and passes. The runs take minutes each (see
+//! vmm/README.md, "Boot images"), so they are `#[ignore]`d in the default test run:
 //! `cargo test --release -p vpmu-cli --test boot -- --ignored`.
 
 use std::path::PathBuf;

@@ -131,7 +131,7 @@ pub fn budget(scenario: Scenario) -> Option<u64> {
 /// xen/arch/x86/cpu/vpmu.c, vpmu_intel.c, vpmu_amd.c), with F fixed and A general-purpose
 /// counters on Intel, N counters on AMD (the family 15h+ MSRs; Xen has no PerfMonV2 support).
 /// APIC LVTPC writes (`vpmu_save`, `vpmu_load`, `vpmu_do_interrupt`) are not counted. The
-/// README cites the function behind each row.
+/// docs/measurements.md cites the function behind each row.
 pub fn xen(vendor: &str, scenario: Scenario, k: u32) -> String {
     let g = geometry(vendor);
     let intel = vendor.starts_with("intel");
