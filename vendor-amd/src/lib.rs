@@ -130,6 +130,7 @@ mod context;
 pub mod msrs;
 pub mod policy;
 mod rearm;
+pub mod snapshot;
 
 /// The CPUID reader crate [`AmdCaps::from_cpuid`] takes (`raw_cpuid::CpuIdReaderNative` on the
 /// host, `raw_cpuid::CpuIdResult` for a table), re-exported so that an integrator uses the same

@@ -77,6 +77,7 @@
 
 mod backend;
 mod select;
+mod snapshot;
 
 pub use backend::{FOREIGN_STATE_MSR, VendorContext, VendorRegister};
 pub use select::{SelectError, VendorId};

@@ -146,6 +146,7 @@ mod page;
 mod policy;
 mod rearm;
 mod restrict;
+mod snapshot;
 mod switch;
 
 /// The CPUID reader crate [`IntelCaps::from_cpuid`] takes (`raw_cpuid::CpuIdReaderNative` on

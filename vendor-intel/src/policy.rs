@@ -206,6 +206,12 @@ impl GuestRules {
         self.within(value, self.status_bits)
     }
 
+    /// The virtual IA32_PERF_GLOBAL_STATUS a context holds (a restored snapshot's): the bits
+    /// [`GuestRules::status_bits`] names, the same rule as what OVF_CTRL may clear.
+    pub fn virtual_status(&self, value: u64) -> Result<u64, Refused> {
+        self.within(value, self.status_bits)
+    }
+
     /// IA32_PERF_GLOBAL_STATUS_SET (v4+): counter bits and OvfBuffer.
     pub fn status_set(&self, value: u64) -> Result<u64, Refused> {
         self.within(value, self.status_set_bits)

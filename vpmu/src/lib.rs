@@ -10,6 +10,8 @@
 //!   drive with their own MSR map ([`bank::BankMap`]).
 //! * [`platform`]: what the integrating hypervisor provides ([`Platform`]).
 //! * [`filter`]: per-domain allow/deny event lists with KVM's PMU-event-filter semantics.
+//! * [`snapshot`]: a vCPU's PMU state as data ([`VcpuSnapshot`]), taken on a quiesced vCPU
+//!   and restored on another host or pCPU through the backends' WRMSR validators.
 //! * [`Vpmu`]: the global state and the entry points: [`Vpmu::rdmsr`]/[`Vpmu::wrmsr`]
 //!   (intercepts), [`Vpmu::context_switch`], [`Vpmu::handle_pmi`], [`Vpmu::control_op`],
 //!   [`Vpmu::teardown_vcpu`]. Per-vCPU state is a [`VcpuPmu`], per-pCPU state a [`PcpuPmu`],
@@ -37,6 +39,7 @@ mod rearm;
 pub mod request;
 mod ring;
 mod ring_ops;
+pub mod snapshot;
 mod state;
 mod switch;
 mod teardown;
@@ -57,5 +60,8 @@ pub use platform::{
 pub use pmi::PmiOutcome;
 pub use request::{ChangeRefused, Completion, CrossCpuRequest};
 pub use ring::ProducerCounters;
+pub use snapshot::{
+    DecodeError, EncodeError, RestoreError, SnapshotBackend, SnapshotState, TakeError, VcpuSnapshot,
+};
 pub use state::{PcpuPmu, RingStatus, SampleSource, SystemContext, VcpuPmu, VcpuState, VcpuStats};
 pub use vpmu_abi as abi;

@@ -45,6 +45,9 @@ pub(crate) struct Ring {
     pub(crate) wakeup_bytes: u32,
     /// The latency bound in TSC ticks; 0: wake at every record.
     pub(crate) latency_ticks: u64,
+    /// The latency bound as configured (what a snapshot carries: another host converts it
+    /// with its own clock rate).
+    pub(crate) max_latency_us: u32,
     /// Re-arm periods, verified by the backend's WRMSR rule.
     pub(crate) periods: RearmPeriods,
     /// Where the next record goes (the producer's own copy, never read back).

@@ -18,12 +18,12 @@ use crate::ring::{ProducerCounters, Ring, latency_ticks};
 use crate::state::{VcpuPmu, VcpuState};
 
 /// A configuration that passed every check: what the ring is made of.
-struct Verified {
-    data_pages: u32,
-    data_size: u32,
-    wakeup_bytes: u32,
-    max_latency_us: u32,
-    periods: RearmPeriods,
+pub(crate) struct Verified {
+    pub(crate) data_pages: u32,
+    pub(crate) data_size: u32,
+    pub(crate) wakeup_bytes: u32,
+    pub(crate) max_latency_us: u32,
+    pub(crate) periods: RearmPeriods,
 }
 
 impl Ring {
@@ -45,7 +45,7 @@ fn uses_frames<C>(vcpu: &VcpuPmu<C>, first: u64, count: u64, ring: bool) -> bool
 impl<B: PmuBackend> Vpmu<B> {
     /// Checks a copied configuration completely: sizes, reserved words, and each period by
     /// the backend's WRMSR rule (`PmuBackend::rearm_period_max`).
-    fn verify_ring_config(&self, config: &RingConfig) -> Result<Verified, OpError> {
+    pub(crate) fn verify_ring_config(&self, config: &RingConfig) -> Result<Verified, OpError> {
         let pages = config.data_pages;
         if !pages.is_power_of_two() || pages > XENPMU_RING_MAX_DATA_PAGES {
             return Err(OpError::InvalidArgument);
@@ -195,6 +195,7 @@ impl<B: PmuBackend> Vpmu<B> {
             data_size: verified.data_size,
             wakeup_bytes: verified.wakeup_bytes,
             latency_ticks: latency_ticks(verified.max_latency_us, tsc_khz),
+            max_latency_us: verified.max_latency_us,
             periods: verified.periods,
             head: 0,
             counters: ProducerCounters::default(),
