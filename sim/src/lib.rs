@@ -23,6 +23,8 @@
 //!   check of every record write against the unread bytes, and the guest's consumer.
 //! * [`ring_world`]: [`ring_world::RingWorld`], profilers sampling through rings under
 //!   consumers slow, hostile or absent, with the ring's invariants checked at every step.
+//! * [`migrate`]: a vCPU moved between machines as a VMM does (the vPMU snapshot and the
+//!   VMM's own state), and the guest's view of its PMU.
 //! * [`snapshot`]: the observable state an operation that fails must leave unchanged.
 //! * [`strategies`]: proptest strategies for scenarios.
 #![deny(missing_docs)]
@@ -31,6 +33,7 @@ pub mod corrupt;
 pub mod guest;
 pub mod helpers;
 pub mod machine;
+pub mod migrate;
 pub mod plan;
 pub mod platform;
 pub mod ring;

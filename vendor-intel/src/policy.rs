@@ -206,10 +206,12 @@ impl GuestRules {
         self.within(value, self.status_bits)
     }
 
-    /// The virtual IA32_PERF_GLOBAL_STATUS a context holds (a restored snapshot's): the bits
-    /// [`GuestRules::status_bits`] names, the same rule as what OVF_CTRL may clear.
+    /// The virtual IA32_PERF_GLOBAL_STATUS a context can hold (a restored snapshot's): the
+    /// overflow bits of present counters and OvfBuffer, what a save folds in from the hardware
+    /// and GLOBAL_STATUS_SET can set; never CondChgd, which nothing puts there (OVF_CTRL may
+    /// clear it, as [`GuestRules::status_bits`] says, but clearing invents nothing).
     pub fn virtual_status(&self, value: u64) -> Result<u64, Refused> {
-        self.within(value, self.status_bits)
+        self.within(value, self.global_ctrl_bits | STATUS_OVF_BUFFER)
     }
 
     /// IA32_PERF_GLOBAL_STATUS_SET (v4+): counter bits and OvfBuffer.
