@@ -1318,6 +1318,17 @@ bool vpmu_testing_pmu_take_pmi(struct vpmu_testing_pmu *pmu);
  */
 bool vpmu_testing_pmu_anything_can_count(const struct vpmu_testing_pmu *pmu);
 
+/**
+ * Panics inside the library, as a bug would, under the same guard as every entry point: for
+ * tests that a panic never crosses the boundary. Returns `-ENOTRECOVERABLE`
+ * (`VPMU_REASON_PANIC`), and `vpmu` is poisoned from then on. Thread safety: as
+ * `vpmu_vcpu_create`.
+ *
+ * # Safety
+ * `vpmu` is NULL or a live handle; `err` NULL or writable.
+ */
+int32_t vpmu_testing_panic(const struct vpmu *vpmu, struct vpmu_error *err);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -223,6 +223,26 @@ pub unsafe extern "C" fn vpmu_testing_pmu_anything_can_count(pmu: *const Testing
     counting
 }
 
+/// Panics inside the library, as a bug would, under the same guard as every entry point: for
+/// tests that a panic never crosses the boundary. Returns `-ENOTRECOVERABLE`
+/// (`VPMU_REASON_PANIC`), and `vpmu` is poisoned from then on. Thread safety: as
+/// `vpmu_vcpu_create`.
+///
+/// # Safety
+/// `vpmu` is NULL or a live handle; `err` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vpmu_testing_panic(
+    vpmu: *const crate::handles::VpmuHandle,
+    err: *mut VpmuError,
+) -> i32 {
+    guarded(err, || {
+        // SAFETY: the caller's contract: NULL or a live handle.
+        let handle = unsafe { handle(vpmu)? };
+        let _poison = crate::error::PoisonOnUnwind(&handle.poisoned);
+        panic!("vpmu_testing_panic: a deliberate panic inside the library");
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
