@@ -19,14 +19,13 @@ fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `libvpmu_capi.a`, built by cargo beside this test's own directory (target/<profile>/).
+/// `libvpmu_capi.a`, as cargo built it for this test: in this test's own directory
+/// (target/<profile>/deps/). Not the copy in target/<profile>/, which only `cargo build`
+/// refreshes: a test linking that one could run a stale library.
 fn static_library() -> PathBuf {
     let exe = std::env::current_exe().expect("the test's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>");
-    let library = profile_dir.join("libvpmu_capi.a");
+    let deps = exe.parent().expect("target/<profile>/deps/<test>");
+    let library = deps.join("libvpmu_capi.a");
     assert!(
         library.exists(),
         "{} not built: the crate's staticlib target",
