@@ -31,6 +31,14 @@ if ! { gcc -m32 "$probe/p.c" -o "$probe/p32" 2>/dev/null && gcc -m64 "$probe/p.c
     echo "setup: gcc -m32 works" >&2
 fi
 
+# The C API's toy hypervisor (capi/tests/c) is also run under AddressSanitizer and
+# UndefinedBehaviorSanitizer; gcc links them from libasan and libubsan.
+if ! gcc -fsanitize=address,undefined "$probe/p.c" -o "$probe/psan" 2>/dev/null; then
+    echo "setup: installing libasan8 and libubsan1 (the C API test runs under ASan/UBSan)" >&2
+    install libasan8 libubsan1
+    gcc -fsanitize=address,undefined "$probe/p.c" -o "$probe/psan"
+fi
+
 if ! { g++ -m32 "$probe/p.cpp" -o "$probe/pp32" 2>/dev/null && g++ -m64 "$probe/p.cpp" -o "$probe/pp64" 2>/dev/null; }; then
     echo "setup: installing g++-multilib (needed to test the C binding as C++11 at -m32)" >&2
     install g++ g++-multilib
