@@ -145,6 +145,22 @@ pub(crate) struct BootArgs {
         allow_hyphen_values = true
     )]
     pub(crate) append: String,
+    /// A Linux kernel: the host switches the xenpmu interface off this many seconds after
+    /// the guest's first PMI, as an administrator sets the vPMU mode off (fractions allowed;
+    /// the guest's driver finds mode off and its registrations kept: docs in
+    /// vmm/machine/src/interface_off.rs).
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
+    pub(crate) xenpmu_off_after: Option<Duration>,
+}
+
+/// A number of seconds above 0 (fractions allowed), at most a day.
+fn positive_seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!(
+            "{s}: expected seconds above 0 (at most 86400), e.g. 1.5"
+        )),
+    }
 }
 
 /// What the guests measure (`--mode`).

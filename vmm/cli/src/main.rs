@@ -158,8 +158,11 @@ fn boot_command(args: &BootArgs) -> ExitCode {
         return code;
     }
     if vpmu_machine::loader::multiboot_header(&image).is_some() {
-        if args.initrd.is_some() {
-            eprintln!("vpmu boot: --initrd is for a Linux kernel, not a multiboot image");
+        if args.initrd.is_some() || args.xenpmu_off_after.is_some() {
+            eprintln!(
+                "vpmu boot: --initrd and --xenpmu-off-after are for a Linux kernel, not a \
+                 multiboot image"
+            );
             return ExitCode::from(2);
         }
         return multiboot_command(args, &image);
@@ -254,7 +257,8 @@ fn linux_command(args: &BootArgs, kernel: &[u8]) -> ExitCode {
     let shape = vpmu_machine::Shape::from(args.pmu);
     let source = args.source.unwrap_or(SourceArg::Timed).into();
     let timeout = Duration::from_secs(args.timeout);
-    let run = match linux::run(&kvm, shape, source, kernel, options, timeout) {
+    let off = args.xenpmu_off_after;
+    let run = match linux::run_switching_off(&kvm, shape, source, kernel, options, timeout, off) {
         Ok(run) => run,
         Err(e) => {
             eprintln!("vpmu boot: {e}");
@@ -265,6 +269,14 @@ fn linux_command(args: &BootArgs, kernel: &[u8]) -> ExitCode {
         eprintln!("vpmu boot: host quirk: {line}");
     }
     eprintln!("vpmu boot: kernel command line: {}", run.cmdline);
+    match (&run.result.interface_off, off) {
+        (Some(done), _) => eprintln!("vpmu boot: {}", done.describe()),
+        (None, Some(_)) => eprintln!(
+            "vpmu boot: the xenpmu interface was not switched off: the guest had no PMI, or \
+             the run ended before it was due"
+        ),
+        (None, None) => {}
+    }
     let c = run.result.completions;
     eprintln!(
         "vpmu boot: completed for the guest: {} SYSCALLs, {} INT3, {} FWAIT ({} other #PFs \
@@ -718,6 +730,11 @@ mod tests {
         assert_eq!(b.source, Some(SourceArg::Timed));
         assert_eq!(b.initrd, Some(PathBuf::from("i.cpio")));
         assert_eq!(b.append, "console=ttyS0");
+        assert_eq!(b.xenpmu_off_after, None);
+        let Command::Boot(b) = parse("boot --xenpmu-off-after 1.5 v").expect("ok").command else {
+            panic!("boot");
+        };
+        assert_eq!(b.xenpmu_off_after, Some(Duration::from_millis(1500)));
         for pmu in ["intel-v5", "intel-v2", "amd-perfmonv2", "amd-k7"] {
             let Command::Boot(b) = parse(&format!("boot --pmu {pmu} z")).expect(pmu).command else {
                 panic!("boot");
@@ -731,6 +748,8 @@ mod tests {
             "boot --mem 4096 x",
             "boot --timeout 0 x",
             "boot --source exact x",
+            "boot --xenpmu-off-after 0 x",
+            "boot --xenpmu-off-after soon x",
         ] {
             assert_eq!(parse(bad).expect_err(bad).exit_code(), 2, "{bad}");
         }

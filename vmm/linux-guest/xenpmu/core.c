@@ -97,14 +97,22 @@ static int xenpmu_call(struct xenpmu_cpu *c, u64 op)
 	return (int)(s32)(u32)rax;
 }
 
+/* Fills the block and calls with interrupts off throughout: the timer's own call (MODE_GET,
+ * off.c) must not rewrite the block between a process-context caller's fill and its IN. */
 int xenpmu_op(struct xenpmu_cpu *c, u64 op, u64 val, u32 vcpu)
 {
+	unsigned long flags;
+	int rc;
+
+	local_irq_save(flags);
 	memset(&c->params, 0, sizeof(c->params));
 	c->params.version.major = XENPMU_VERSION_MAJOR;
 	c->params.version.minor = XENPMU_VERSION_MINOR;
 	c->params.val = val;
 	c->params.vcpu = vcpu;
-	return xenpmu_call(c, op);
+	rc = xenpmu_call(c, op);
+	local_irq_restore(flags);
+	return rc;
 }
 
 /* ---- discovery ---- */
@@ -245,6 +253,8 @@ int xenpmu_cpu_start(struct xenpmu_cpu *c)
 		return xenpmu_errno(rc);
 	}
 	rc = xenpmu_counter_start(&xenpmu_counter, period);
+	if (rc && xenpmu_off_probe(c, "programming counter 0 refused (WRMSR #GP)"))
+		return -ENODEV;
 	if (rc) {
 		pr_err("cpu%u: programming %s counter 0 failed (WRMSR #GP)\n", c->cpu,
 		       xenpmu_counter.name);
@@ -304,6 +314,7 @@ static enum hrtimer_restart xenpmu_timer_fn(struct hrtimer *timer)
 	struct xenpmu_cpu *c = container_of(timer, struct xenpmu_cpu, timer);
 
 	xenpmu_poll(c, &xenpmu_counter, period);
+	xenpmu_off_check(c, poll_ms);
 	hrtimer_forward_now(timer, ms_to_ktime(poll_ms));
 	return HRTIMER_RESTART;
 }

@@ -161,6 +161,7 @@ static long xenpmu_dev_ring_info(void __user *arg)
 		d.map_size = xenpmu_ring_span();
 		d.tail = c->tail;
 		d.stopped = c->stopped;
+		d.interface_off = c->off;
 	}
 	mutex_unlock(&xenpmu_lock);
 	if (copy_to_user(arg, &d, sizeof(d)))

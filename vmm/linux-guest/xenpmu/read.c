@@ -294,6 +294,10 @@ static void stats_fill(struct xenpmu_cpu *c, struct xenpmu_stats *out)
 		out->wakeups = READ_ONCE(c->ring->producer.wakeups);
 		out->bad_tail = READ_ONCE(c->ring->producer.bad_tail);
 	}
+	out->off = c->off;
+	/* Once off, the producer never writes the lost record it still owed. */
+	out->lost_unreported = c->off && out->produced_lost > out->lost ?
+				       out->produced_lost - out->lost : 0;
 }
 
 /* Reads what arrived and copies the counts out. The hypervisor keeps publishing meanwhile
@@ -326,13 +330,14 @@ bool xenpmu_stats_accounted(const struct xenpmu_stats *s)
 void xenpmu_stats_format(char *buf, size_t size, const struct xenpmu_stats *s)
 {
 	snprintf(buf, size,
-		 "cpu=%u path=%s reader=%s released=%llu releases=%llu samples=%llu user=%llu kernel=%llu lost=%llu lost_records=%llu seq_last=%llu seq_gaps=%llu seq_disorder=%llu pads=%llu unknown=%llu corrupt=%llu last_check=%d chain_entries=%llu produced_before=%llu produced=%llu produced_lost=%llu withheld=%llu wakeups=%llu bad_tail=%llu flushes=%llu flush_errors=%llu last_flush_error=%d dropped=%llu accounted=%d",
+		 "cpu=%u path=%s reader=%s released=%llu releases=%llu samples=%llu user=%llu kernel=%llu lost=%llu lost_records=%llu seq_last=%llu seq_gaps=%llu seq_disorder=%llu pads=%llu unknown=%llu corrupt=%llu last_check=%d chain_entries=%llu produced_before=%llu produced=%llu produced_lost=%llu withheld=%llu wakeups=%llu bad_tail=%llu flushes=%llu flush_errors=%llu last_flush_error=%d dropped=%llu off=%d lost_unreported=%llu accounted=%d",
 		 s->cpu, s->ring ? "ring" : "page", s->user_reader ? "user" : "kernel", s->released,
 		 s->releases, s->samples, s->user, s->kernel, s->lost,
 		 s->lost_records, s->seq_last, s->seq_gaps, s->seq_disorder, s->pads, s->unknown,
 		 s->corrupt, s->last_check, s->chain_entries, s->produced_before, s->produced, s->produced_lost,
 		 s->withheld, s->wakeups, s->bad_tail, s->flushes, s->flush_errors,
-		 s->last_flush_error, s->dropped, xenpmu_stats_accounted(s));
+		 s->last_flush_error, s->dropped, s->off, s->lost_unreported,
+		 xenpmu_stats_accounted(s));
 }
 
 /* Ends CPU c's sampling (on that CPU, interrupts on): mask the LVTPC, read what is left of a
@@ -353,13 +358,14 @@ void xenpmu_stop(struct xenpmu_cpu *c, const struct xenpmu_counter *k, unsigned 
 	local_irq_disable();
 	if (!c->ring)
 		page_read(c, k, period);
-	rc = counter_stop(k);
+	/* Switched off, the PMU is gone: its MSRs fault, and nothing counts any more. */
+	rc = c->off ? 0 : counter_stop(k);
 	if (rc && !c->ring) {
 		page_read(c, k, period);
 		rc = counter_stop(k);
 	}
 	local_irq_enable();
-	if (rc)
+	if (rc && !xenpmu_off_probe(c, "stopping counter 0 refused (WRMSR #GP)"))
 		pr_err("cpu%u: stopping counter 0 failed (WRMSR #GP); FINISH stops it\n", c->cpu);
 	if (c->ring) {
 		rc = xenpmu_op(c, XENPMU_OP_RING_FINISH, 0, c->cpu);

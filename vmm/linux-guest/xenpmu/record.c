@@ -16,9 +16,15 @@
  * counters) and prints VPMU-RESULT lines. `--doorbell none` walks and counts but ships nothing.
  * SIGTERM or SIGINT ends the session early, the same way.
  *
- * Exit status: 0, or 1 with a line on stderr saying what failed (usage, the device, a ring,
- * the doorbell, the batch's address, a record the reader refused, or counts that do not add
- * up to the producer's).
+ * When no record has come for 150 ms it asks the driver (XENPMU_IOC_RING_INFO) whether the
+ * hypervisor switched the interface off; if so it says so and ends the session at once, the
+ * same way (stop, read and ship the rest), its lines saying how much of the session went
+ * unsampled and which losses the hypervisor will never report.
+ *
+ * Exit status: 0; 3 when the session ended early because the hypervisor switched the
+ * interface off (everything published before was read and accounted); or 1 with a line on
+ * stderr saying what failed (usage, the device, a ring, the doorbell, the batch's address, a
+ * record the reader refused, or counts that do not add up to the producer's).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -65,6 +71,9 @@ _Static_assert(offsetof(struct ring_batch, record_max) == 112, "ring_batch layou
 #define MAX_DOMAINS 64
 #define PAGE 4096u
 #define WALK_INTERVAL_NS 1000000L
+/* After this long without a new record on any CPU, ask the driver whether the hypervisor
+ * switched the interface off (it asks the mode after 100 ms of a still producer). */
+#define OFF_CHECK_NS 150000000ull
 
 struct domain_count {
 	uint32_t id;
@@ -94,6 +103,7 @@ static volatile uint32_t *doorbell; /* NULL: --doorbell none */
 static struct ring_batch batch_page[PAGE / sizeof(struct ring_batch)] __attribute__((aligned(4096)));
 static uint64_t batch_gpa;
 static volatile sig_atomic_t stop_signal; /* SIGTERM or SIGINT: end the session now */
+static int interface_off; /* the driver says the hypervisor switched the interface off */
 
 static void on_stop_signal(int sig)
 {
@@ -247,8 +257,8 @@ static void release(struct cpu_ring *r, uint64_t head)
 }
 
 /* One round for one CPU: walk what arrived, ship it (always: even nothing, for the final
- * counters), release it. */
-static void round_one(struct cpu_ring *r, int always)
+ * counters), release it. Whether anything arrived. */
+static int round_one(struct cpu_ring *r, int always)
 {
 	const volatile xenpmu_ring_producer *prod = &r->ctl->producer;
 	struct ring_batch *b = &batch_page[0];
@@ -257,7 +267,7 @@ static void round_one(struct cpu_ring *r, int always)
 
 	r->walks++;
 	if (head == r->tail && !always)
-		return;
+		return 0;
 	t0 = tsc();
 	walk(r, head);
 	r->walk_ticks += tsc() - t0;
@@ -296,6 +306,29 @@ static void round_one(struct cpu_ring *r, int always)
 		r->bytes += head - r->tail;
 	}
 	release(r, head);
+	return 1;
+}
+
+/* Whether the driver found any CPU's interface switched off (XENPMU_IOC_RING_INFO). */
+static int interface_switched_off(double elapsed, double planned)
+{
+	struct xenpmu_ring_desc d;
+	unsigned int i;
+
+	for (i = 0; i < ring_count; i++) {
+		memset(&d, 0, sizeof(d));
+		d.cpu = rings[i].desc.cpu;
+		if (ioctl(devfd, XENPMU_IOC_RING_INFO, &d) != 0)
+			die("cpu%u: XENPMU_IOC_RING_INFO refused: %s", d.cpu, strerror(errno));
+		if (d.interface_off) {
+			fprintf(stderr, "xenpmu-record: cpu%u: the hypervisor switched the interface off (see the kernel log): ending the session at %.3f s of %.3f s\n",
+				d.cpu, elapsed, planned);
+			printf("VPMU-RESULT record=interface-off cpu=%u at_s=%.3f planned_s=%.3f\n",
+			       d.cpu, elapsed, planned);
+			return 1;
+		}
+	}
+	return 0;
 }
 
 /* port::START (vmm/protocol): a non-zero value starts the session (the VMM releases the
@@ -420,6 +453,7 @@ int main(int argc, char **argv)
 {
 	const char *bell = "none";
 	uint64_t start, stop, samples = 0, lost = 0, shipments = 0, bytes = 0, ship_ticks = 0;
+	uint64_t last_record, now, off_at = 0;
 	double seconds, elapsed;
 	struct timespec nap = { 0, WALK_INTERVAL_NS };
 	unsigned int i;
@@ -455,9 +489,19 @@ int main(int argc, char **argv)
 	signal(SIGINT, on_stop_signal);
 	start = now_ns();
 	stop = start + (uint64_t)(seconds * 1e9);
-	while (!stop_signal && now_ns() < stop) {
+	last_record = start;
+	while (!stop_signal && (now = now_ns()) < stop) {
 		for (i = 0; i < ring_count; i++)
-			round_one(&rings[i], 0);
+			if (round_one(&rings[i], 0))
+				last_record = now;
+		if (now - last_record >= OFF_CHECK_NS) {
+			last_record = now;
+			if (interface_switched_off((double)(now - start) / 1e9, seconds)) {
+				interface_off = 1;
+				off_at = now;
+				break;
+			}
+		}
 		nanosleep(&nap, NULL);
 	}
 	for (i = 0; i < ring_count; i++) {
@@ -487,7 +531,8 @@ int main(int argc, char **argv)
 		       " produced=%" PRIu64 " produced_lost=%" PRIu64 " withheld=%" PRIu64
 		       " wakeups=%" PRIu64 " bad_tail=%" PRIu64 " shipments=%" PRIu64
 		       " bytes=%" PRIu64 " walks=%" PRIu64 " walk_us=%.0f ship_us=%.0f"
-		       " ship_us_mean=%.1f accounted=%d\n",
+		       " ship_us_mean=%.1f interface_off=%d lost_unreported=%" PRIu64
+		       " accounted=%d\n",
 		       r->desc.cpu, t->samples, t->user, t->lost, t->lost_records, t->pads,
 		       t->unknown, t->corrupt, t->chain_entries, t->seq_last, t->seq_gaps,
 		       t->seq_disorder, r->producer_records, r->producer_lost, r->withheld,
@@ -496,6 +541,9 @@ int main(int argc, char **argv)
 		       ticks_us(r->ship_ticks, r->desc.tsc_khz),
 		       r->shipments ? ticks_us(r->ship_ticks, r->desc.tsc_khz) / (double)r->shipments
 				    : 0.0,
+		       interface_off,
+		       /* Switched off, the producer never writes the lost record it owed. */
+		       interface_off && r->producer_lost > t->lost ? r->producer_lost - t->lost : 0,
 		       accounted);
 		if (!accounted) {
 			fprintf(stderr, "xenpmu-record: cpu%u: the records read do not add up to the producer's counts (above)\n",
@@ -517,10 +565,13 @@ int main(int argc, char **argv)
 		       other_domain_samples);
 	printf("VPMU-RESULT record=total cpus=%u domains=%u samples=%" PRIu64 " lost=%" PRIu64
 	       " shipments=%" PRIu64 " bytes=%" PRIu64 " seconds=%.3f samples_per_s=%.0f"
-	       " ship_us_mean=%.1f doorbell=%s batch_gpa=0x%" PRIx64 " ended_by=%s status=%d\n",
+	       " ship_us_mean=%.1f doorbell=%s batch_gpa=0x%" PRIx64 " unsampled_s=%.3f"
+	       " ended_by=%s status=%d\n",
 	       ring_count, domain_count, samples, lost, shipments, bytes, elapsed,
 	       elapsed > 0 ? (double)samples / elapsed : 0.0,
 	       shipments ? ticks_us(ship_ticks, rings[0].desc.tsc_khz) / (double)shipments : 0.0,
-	       bell, batch_gpa, stop_signal ? "signal" : "time", bad);
-	return bad;
+	       bell, batch_gpa, interface_off ? (double)(stop - off_at) / 1e9 : 0.0,
+	       interface_off ? "interface-off" : stop_signal ? "signal" : "time",
+	       bad ? 1 : interface_off ? 3 : 0);
+	return bad ? 1 : interface_off ? 3 : 0;
 }

@@ -68,6 +68,8 @@ struct xenpmu_stats {
 	bool user_reader; /* someone other than the driver read part of the ring (/dev/xenpmu) */
 	u64 released; /* bytes /dev/xenpmu's opener released */
 	u64 releases;
+	bool off; /* the hypervisor switched the interface off (off.c) */
+	u64 lost_unreported; /* then: samples the producer counted lost, in no lost record read */
 };
 
 /* One CPU's state, in one page of its own (so the parameter block never crosses a page). */
@@ -87,6 +89,9 @@ struct xenpmu_cpu {
 	bool kernel_reads;
 	bool started; /* LVTPC unmasked and counter 0 programmed (xenpmu_cpu_start) */
 	bool stopped; /* XENPMU_IOC_STOP ran: counter stopped, LVTPC masked, ring finished */
+	bool off; /* the hypervisor switched the interface off (off.c): said once, no PMU left */
+	u64 progress; /* off.c: the samples produced when the timer last looked */
+	unsigned int quiet_ms; /* off.c: how long they have not changed */
 	struct hrtimer timer;
 	struct xenpmu_stats stats; /* updated by the reader, with interrupts off on this CPU */
 	struct xenpmu_stats snapshot;
@@ -111,6 +116,11 @@ void xenpmu_stop(struct xenpmu_cpu *c, const struct xenpmu_counter *counter,
 		 unsigned long period);
 struct xenpmu_release;
 void xenpmu_account_release(struct xenpmu_cpu *c, const struct xenpmu_release *r);
+
+/* off.c */
+void xenpmu_interface_off(struct xenpmu_cpu *c, const char *how);
+bool xenpmu_off_probe(struct xenpmu_cpu *c, const char *what);
+void xenpmu_off_check(struct xenpmu_cpu *c, unsigned int poll_ms);
 
 /* core.c */
 int xenpmu_op(struct xenpmu_cpu *c, u64 op, u64 val, u32 vcpu);

@@ -36,7 +36,9 @@ struct xenpmu_ring_desc {
 	__u64 map_size; /* its bytes: 4096 + data_size */
 	__u64 tail; /* the consumer's position: where the opener starts reading */
 	__u32 stopped; /* 1: XENPMU_IOC_STOP ended this CPU's sampling */
-	__u32 _pad;
+	__u32 interface_off; /* 1: the hypervisor switched the interface off (the driver found
+			      * mode off after the samples stopped, or a refused call): no more
+			      * records will come; those published stay readable */
 };
 
 /* XENPMU_IOC_RELEASE: the opener consumed the ring of `cpu` up to `tail` (8-aligned, between

@@ -69,6 +69,7 @@ mod exit;
 mod halt;
 mod host;
 mod idle;
+pub mod interface_off;
 pub mod kick;
 pub mod kvm;
 mod layout;
@@ -279,6 +280,9 @@ pub struct Machine<P: Personality> {
     devices: Option<boot::PcDevices>,
     /// The host quirks the VMM completes (Linux boot mode probes them; none elsewhere).
     quirks: quirks::HostQuirks,
+    /// The host switches the xenpmu interface off this long after domain 0's first PMI
+    /// (`switch_interface_off_after`).
+    interface_off_after: Option<Duration>,
 }
 
 impl<P: Personality> std::fmt::Debug for Machine<P> {
@@ -429,6 +433,7 @@ impl<P: Personality> Machine<P> {
             peeks: Vec::new(),
             devices: None,
             quirks: quirks::HostQuirks::default(),
+            interface_off_after: None,
         })
     }
 
@@ -454,6 +459,7 @@ impl<P: Personality> Machine<P> {
             peeks,
             devices,
             quirks,
+            interface_off_after,
         } = self;
         let count = vcpus.len() as u32;
         let vcpu_ids: Vec<VcpuId> = vcpus.iter().map(|&(id, _)| id).collect();
@@ -510,6 +516,9 @@ impl<P: Personality> Machine<P> {
             quirks: quirks_of(me),
             completions: complete::Completions::default(),
             halt_check: None,
+            interface_off: interface_off_after
+                .filter(|_| me == interface_off::ADMINISTRATOR)
+                .map(interface_off::Plan::new),
         });
         // Boot-image mode has one vCPU, which gets the devices.
         let mut devices = devices;

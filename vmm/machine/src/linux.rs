@@ -456,8 +456,23 @@ pub fn run(
     shape: Shape,
     source: Source,
     kernel: &[u8],
+    options: LinuxOptions,
+    timeout: Duration,
+) -> Result<LinuxRun> {
+    run_switching_off(kvm, shape, source, kernel, options, timeout, None)
+}
+
+/// [`run`], and with `interface_off_after` the host switches the xenpmu interface off that
+/// long after the guest's first PMI (`Machine::switch_interface_off_after`,
+/// [`crate::interface_off`]).
+pub fn run_switching_off(
+    kvm: &Kvm,
+    shape: Shape,
+    source: Source,
+    kernel: &[u8],
     mut options: LinuxOptions,
     timeout: Duration,
+    interface_off_after: Option<Duration>,
 ) -> Result<LinuxRun> {
     let base = crate::kvm::supported_cpuid(kvm)?;
     with_personality!(shape, source, |p| {
@@ -466,6 +481,9 @@ pub fn run(
         options.cmdline = cmdline;
         let mut machine = Machine::boot_linux(kvm, p, &base, kernel, &options)?;
         machine.quirks = quirks.clone();
+        if let Some(after) = interface_off_after {
+            machine.switch_interface_off_after(after);
+        }
         let result = machine.run(timeout).pop().unwrap_or_default();
         Ok(LinuxRun {
             result,

@@ -74,6 +74,9 @@ pub struct RunResult {
     pub uncountable_events: Vec<u16>,
     /// Where the time of this vCPU's PMIs went on the VMM's side (`timing`).
     pub pmi_timing: crate::timing::PmiTiming,
+    /// What the host's switch-off of the xenpmu interface did, if one was planned and came
+    /// due (`Machine::switch_interface_off_after`; domain 0's vCPU 0's result).
+    pub interface_off: Option<crate::interface_off::InterfaceOff>,
 }
 
 /// One PMI as the VMM saw it: the vCPU that was running on the pCPU (independent of the

@@ -80,6 +80,8 @@ pub(super) struct Runner<'a, P: Personality> {
     /// A shared pCPU's halting vCPU with others waiting: look this often whether it halted
     /// (its `hlt` blocks in `KVM_RUN`; `idle`).
     pub(super) halt_check: Option<Duration>,
+    /// Domain 0's vCPU 0: the host's planned switch-off of the interface (`interface_off`).
+    pub(super) interface_off: Option<crate::interface_off::Plan>,
 }
 
 /// A runner's view for one call into the core: the platform, its pCPU's parts, the shared
@@ -393,6 +395,7 @@ impl<'a, P: Personality> Runner<'a, P> {
             // What other pCPUs need of this one happens before the entry (their kick brought
             // the vCPU out of KVM_RUN).
             self.complete_requests()?;
+            let interface_off = self.switch_interface_off_when_due(result)?;
             self.poll_rings()?;
             if let Some(s) = slice.filter(|_| !reading && self.shared.host.woken_on(self.pcpu)) {
                 // Another vCPU of this pCPU was sent the PMU VIRQ: let it run now, and come
@@ -457,6 +460,7 @@ impl<'a, P: Personality> Runner<'a, P> {
             if let Some(every) = self.halt_check {
                 deadline = deadline.min(Instant::now() + every);
             }
+            deadline = interface_off.map_or(deadline, |at| deadline.min(at));
             if let Some(at) = power_check {
                 if Instant::now() >= at {
                     power_check = Some(Instant::now() + crate::boot::POWER_CHECK);
