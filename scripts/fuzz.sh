@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../fuzz"
 
 CARGO_FUZZ_VERSION=0.13.2
 seconds=${FUZZ_SECONDS:-30}
-targets=(flush_verify guest_msr page_view profile_batch coverage_profile core_world ring_reader ring_producer)
+targets=(flush_verify guest_msr page_view profile_batch coverage_profile core_world ring_reader ring_producer snapshot_decode)
 
 cargo test --release --locked
 

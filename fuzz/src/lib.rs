@@ -107,6 +107,15 @@ pub const TARGETS: &[Target] = &[
             targets::ring_producer::PAD,
         ],
     },
+    Target {
+        name: "snapshot_decode",
+        run: targets::snapshot_decode::run,
+        deep: &[
+            targets::snapshot_decode::RESTORED,
+            targets::snapshot_decode::RESTORED_CACHED,
+            targets::snapshot_decode::RESTORED_RING,
+        ],
+    },
 ];
 
 /// A fuzz target.

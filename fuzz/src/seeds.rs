@@ -46,6 +46,7 @@ pub fn all() -> Vec<Seed> {
     seeds.extend(crate::targets::ring_reader::seeds());
     seeds.extend(crate::targets::ring_producer::seeds());
     seeds.extend(crate::targets::core_world::ring_seeds());
+    seeds.extend(crate::targets::snapshot_decode::seeds());
     seeds
 }
 

@@ -9,3 +9,4 @@ pub mod page_view;
 pub mod profile_batch;
 pub mod ring_producer;
 pub mod ring_reader;
+pub mod snapshot_decode;
