@@ -955,6 +955,9 @@ int32_t vpmu_msr_ranges(const struct vpmu *vpmu,
  * `VPMU_MSR_HANDLED` `*value` the value. Errors: `-EIO` (hardware fault), `-EINVAL` (the
  * vCPU is loaded on another pCPU).
  *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
+ *
  * # Safety
  * Live handles; `value`, `result` and `err` (may be NULL) writable.
  */
@@ -968,6 +971,9 @@ int32_t vpmu_rdmsr(const struct vpmu_pcpu *pcpu,
 /**
  * A guest WRMSR of `value` to `msr` by `vcpu`, running on `pcpu`: `*result` is
  * `VPMU_MSR_*`. Errors as `vpmu_rdmsr`.
+ *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
  *
  * # Safety
  * Live handles; `result` and `err` (may be NULL) writable.
@@ -984,6 +990,9 @@ int32_t vpmu_wrmsr(const struct vpmu_pcpu *pcpu,
  * `*result` is `VPMU_MSR_HANDLED` (EDX:EAX = `*value`, RIP += 2) or `VPMU_MSR_GP` (inject
  * #GP(0)); never `VPMU_MSR_NOT_PMU`. Intercept RDPMC always (VMX RDPMC exiting, the SVM
  * RDPMC intercept). Errors as `vpmu_rdmsr`.
+ *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
  *
  * # Safety
  * Live handles; `value`, `result` and `err` (may be NULL) writable.
@@ -1002,6 +1011,9 @@ int32_t vpmu_rdpmc(const struct vpmu_pcpu *pcpu,
  * work). A vCPU migrates by being switched out where it ran, then in where it goes.
  * Errors: `-ENOENT` (`next` is not this vPMU's; the pCPU then runs none), `-EIO`.
  *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
+ *
  * # Safety
  * `pcpu` is a live handle; `next` NULL or a live vCPU handle; `err` NULL or writable.
  */
@@ -1014,6 +1026,9 @@ int32_t vpmu_context_switch(const struct vpmu_pcpu *pcpu,
  * counted) and writes what happened to `*outcome`. Call it from the PMI handler (or where the
  * hypervisor handles the PMI's vector), then unmask the LVTPC if the platform's
  * `set_physical_lvtpc_masked` has not masked it. Errors: `-EIO`.
+ *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
  *
  * # Safety
  * `pcpu` is a live handle; `outcome` and `err` (may be NULL) writable.
@@ -1031,6 +1046,9 @@ int32_t vpmu_handle_pmi(const struct vpmu_pcpu *pcpu,
  * `vcpu` word. `-EAGAIN`: requests to other pCPUs are in flight: let this pCPU complete its
  * own requests and restart the hypercall.
  *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
+ *
  * # Safety
  * Live handles; `params` readable and writable; `err` NULL or writable.
  */
@@ -1045,6 +1063,9 @@ int32_t vpmu_control_op(const struct vpmu_pcpu *pcpu,
  * for each queued request, in order, before the pCPU's next guest entry. Errors: `-EINVAL`
  * (unknown kind), `-EIO`.
  *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
+ *
  * # Safety
  * `pcpu` is a live handle; `request` readable; `err` NULL or writable.
  */
@@ -1056,6 +1077,9 @@ int32_t vpmu_complete_request(const struct vpmu_pcpu *pcpu,
  * After `vpmu_set_event_filter`: counters programmed with an event the new filter denies stop
  * on every pCPU before its next guest entry. `*done` is `VPMU_DONE`, or `VPMU_PENDING` until
  * every pCPU completed its request. Errors: `-EAGAIN` (another change in progress), `-EIO`.
+ *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
  *
  * # Safety
  * `pcpu` is a live handle; `done` and `err` (may be NULL) writable.
@@ -1069,6 +1093,9 @@ int32_t vpmu_event_filter_changed(const struct vpmu_pcpu *pcpu,
  * unmaps its page and ring. Call it on any pCPU; a vCPU running on another pCPU is torn down
  * there, as that pCPU completes the request it was sent: `*done` is then `VPMU_PENDING`, and
  * the caller calls again after that until `VPMU_DONE`. Errors: `-EIO`.
+ *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+ * on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
  *
  * # Safety
  * Live handles; `done` and `err` (may be NULL) writable.
@@ -1257,7 +1284,7 @@ int32_t vpmu_testing_perf_capabilities(uint32_t shape, uint64_t *value);
 
 /**
  * A software PMU of test shape `shape`, in its power-on state, into `*out`. Returns 0 or
- * `-EINVAL`. Free it with `vpmu_testing_pmu_free`.
+ * `-EINVAL`. Free it with `vpmu_testing_pmu_free`. Thread safety: any thread.
  *
  * # Safety
  * `out` is NULL or writable.
@@ -1266,6 +1293,8 @@ int32_t vpmu_testing_pmu_new(uint32_t shape, struct vpmu_testing_pmu **out);
 
 /**
  * Frees a software PMU (NULL: nothing).
+ *
+ * Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
  *
  * # Safety
  * `pmu` is NULL or a live PMU from `vpmu_testing_pmu_new`, no longer used by anything (its
@@ -1277,6 +1306,8 @@ void vpmu_testing_pmu_free(struct vpmu_testing_pmu *pmu);
  * RDMSR on the software PMU: 0 and `*value`, or `-EIO` where the hardware would #GP
  * (`-EINVAL` for a NULL argument): what an MSR callback of `vpmu_msr_ops` returns.
  *
+ * Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
+ *
  * # Safety
  * `pmu` is NULL or a live PMU, used by no other thread; `value` NULL or writable.
  */
@@ -1284,6 +1315,8 @@ int32_t vpmu_testing_pmu_rdmsr(struct vpmu_testing_pmu *pmu, uint32_t msr, uint6
 
 /**
  * WRMSR on the software PMU: 0, or `-EIO` where the hardware would #GP.
+ *
+ * Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
  *
  * # Safety
  * `pmu` is NULL or a live PMU, used by no other thread.
@@ -1295,6 +1328,8 @@ int32_t vpmu_testing_pmu_wrmsr(struct vpmu_testing_pmu *pmu, uint32_t msr, uint6
  * instructions retired count it, overflowing (and raising the PMI line) exactly when they
  * wrap. Returns 0 or `-EINVAL` (NULL).
  *
+ * Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
+ *
  * # Safety
  * `pmu` is NULL or a live PMU, used by no other thread.
  */
@@ -1304,6 +1339,8 @@ int32_t vpmu_testing_pmu_retire_instruction(struct vpmu_testing_pmu *pmu);
  * Takes the PMU's interrupt line: true if it was raised (the CPU then takes the PMI: call
  * `vpmu_handle_pmi`). False for NULL.
  *
+ * Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
+ *
  * # Safety
  * `pmu` is NULL or a live PMU, used by no other thread.
  */
@@ -1312,6 +1349,8 @@ bool vpmu_testing_pmu_take_pmi(struct vpmu_testing_pmu *pmu);
 /**
  * Whether any counter of the PMU can count (enabled, and globally enabled where there is a
  * global control): what a pCPU's PMU must never be with no vCPU loaded. False for NULL.
+ *
+ * Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
  *
  * # Safety
  * `pmu` is NULL or a live PMU, used by no other thread.

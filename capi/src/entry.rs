@@ -229,6 +229,9 @@ pub unsafe extern "C" fn vpmu_msr_ranges(
 /// `VPMU_MSR_HANDLED` `*value` the value. Errors: `-EIO` (hardware fault), `-EINVAL` (the
 /// vCPU is loaded on another pCPU).
 ///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
+///
 /// # Safety
 /// Live handles; `value`, `result` and `err` (may be NULL) writable.
 #[unsafe(no_mangle)]
@@ -261,6 +264,9 @@ pub unsafe extern "C" fn vpmu_rdmsr(
 
 /// A guest WRMSR of `value` to `msr` by `vcpu`, running on `pcpu`: `*result` is
 /// `VPMU_MSR_*`. Errors as `vpmu_rdmsr`.
+///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
 ///
 /// # Safety
 /// Live handles; `result` and `err` (may be NULL) writable.
@@ -297,6 +303,9 @@ pub unsafe extern "C" fn vpmu_wrmsr(
 /// #GP(0)); never `VPMU_MSR_NOT_PMU`. Intercept RDPMC always (VMX RDPMC exiting, the SVM
 /// RDPMC intercept). Errors as `vpmu_rdmsr`.
 ///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
+///
 /// # Safety
 /// Live handles; `value`, `result` and `err` (may be NULL) writable.
 #[unsafe(no_mangle)]
@@ -331,6 +340,9 @@ pub unsafe extern "C" fn vpmu_rdpmc(
 /// `pcpu` stops running its current vCPU (if any) and runs `next` (NULL: idle or hypervisor
 /// work). A vCPU migrates by being switched out where it ran, then in where it goes.
 /// Errors: `-ENOENT` (`next` is not this vPMU's; the pCPU then runs none), `-EIO`.
+///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
 ///
 /// # Safety
 /// `pcpu` is a live handle; `next` NULL or a live vCPU handle; `err` NULL or writable.
@@ -375,6 +387,9 @@ pub unsafe extern "C" fn vpmu_context_switch(
 /// counted) and writes what happened to `*outcome`. Call it from the PMI handler (or where the
 /// hypervisor handles the PMI's vector), then unmask the LVTPC if the platform's
 /// `set_physical_lvtpc_masked` has not masked it. Errors: `-EIO`.
+///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
 ///
 /// # Safety
 /// `pcpu` is a live handle; `outcome` and `err` (may be NULL) writable.
@@ -422,6 +437,9 @@ pub unsafe extern "C" fn vpmu_handle_pmi(
 /// `vcpu` word. `-EAGAIN`: requests to other pCPUs are in flight: let this pCPU complete its
 /// own requests and restart the hypercall.
 ///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
+///
 /// # Safety
 /// Live handles; `params` readable and writable; `err` NULL or writable.
 #[unsafe(no_mangle)]
@@ -450,6 +468,9 @@ pub unsafe extern "C" fn vpmu_control_op(
 /// for each queued request, in order, before the pCPU's next guest entry. Errors: `-EINVAL`
 /// (unknown kind), `-EIO`.
 ///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
+///
 /// # Safety
 /// `pcpu` is a live handle; `request` readable; `err` NULL or writable.
 #[unsafe(no_mangle)]
@@ -472,6 +493,9 @@ pub unsafe extern "C" fn vpmu_complete_request(
 /// After `vpmu_set_event_filter`: counters programmed with an event the new filter denies stop
 /// on every pCPU before its next guest entry. `*done` is `VPMU_DONE`, or `VPMU_PENDING` until
 /// every pCPU completed its request. Errors: `-EAGAIN` (another change in progress), `-EIO`.
+///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
 ///
 /// # Safety
 /// `pcpu` is a live handle; `done` and `err` (may be NULL) writable.
@@ -497,6 +521,9 @@ pub unsafe extern "C" fn vpmu_event_filter_changed(
 /// unmaps its page and ring. Call it on any pCPU; a vCPU running on another pCPU is torn down
 /// there, as that pCPU completes the request it was sent: `*done` is then `VPMU_PENDING`, and
 /// the caller calls again after that until `VPMU_DONE`. Errors: `-EIO`.
+///
+/// Thread safety: on `pcpu`'s own CPU, one call at a time (a concurrent or reentrant call
+/// on the same pCPU is refused with `VPMU_REASON_PCPU_BUSY`).
 ///
 /// # Safety
 /// Live handles; `done` and `err` (may be NULL) writable.

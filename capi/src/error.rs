@@ -318,3 +318,52 @@ pub(crate) fn reason_name(reason: u32) -> &'static std::ffi::CStr {
     ];
     NAMES[(reason as usize).min(NAMES.len() - 1)]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::VpmuReason::*;
+    use super::reason_name;
+
+    /// Every reason has a name of its own, at its discriminant; anything beyond is unknown.
+    #[test]
+    fn every_reason_has_its_own_name() {
+        let all = [
+            None,
+            NullArgument,
+            MissingCallback,
+            BadArgument,
+            UnknownVendor,
+            NoPmu,
+            UnsupportedPmu,
+            HardwareFault,
+            WrongPcpu,
+            NoSuchPcpu,
+            PcpuAlreadyAttached,
+            PcpuRunsVcpu,
+            PcpuBusy,
+            NoSuchVcpu,
+            VcpuExists,
+            VcpuInUse,
+            ReservedDomain,
+            StillInUse,
+            ChangeInProgress,
+            VpmusInUse,
+            FilterTooLong,
+            OpRefused,
+            Panic,
+            Poisoned,
+        ];
+        let names: Vec<_> = all.iter().map(|&r| reason_name(r as u32)).collect();
+        for (i, (reason, name)) in all.iter().zip(&names).enumerate() {
+            assert_eq!(*reason as usize, i);
+            assert_ne!(name.to_bytes(), b"unknown reason", "{reason:?}");
+            assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{reason:?}");
+        }
+        assert_eq!(reason_name(all.len() as u32).to_bytes(), b"unknown reason");
+        assert_eq!(reason_name(u32::MAX).to_bytes(), b"unknown reason");
+        assert_eq!(
+            reason_name(HardwareFault as u32).to_bytes(),
+            b"hardware (MSR) fault"
+        );
+    }
+}

@@ -99,7 +99,7 @@ pub unsafe extern "C" fn vpmu_testing_perf_capabilities(shape: u32, value: *mut 
 }
 
 /// A software PMU of test shape `shape`, in its power-on state, into `*out`. Returns 0 or
-/// `-EINVAL`. Free it with `vpmu_testing_pmu_free`.
+/// `-EINVAL`. Free it with `vpmu_testing_pmu_free`. Thread safety: any thread.
 ///
 /// # Safety
 /// `out` is NULL or writable.
@@ -120,6 +120,8 @@ pub unsafe extern "C" fn vpmu_testing_pmu_new(shape: u32, out: *mut *mut Testing
 
 /// Frees a software PMU (NULL: nothing).
 ///
+/// Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
+///
 /// # Safety
 /// `pmu` is NULL or a live PMU from `vpmu_testing_pmu_new`, no longer used by anything (its
 /// pCPU detached).
@@ -133,6 +135,8 @@ pub unsafe extern "C" fn vpmu_testing_pmu_free(pmu: *mut TestingPmu) {
 
 /// RDMSR on the software PMU: 0 and `*value`, or `-EIO` where the hardware would #GP
 /// (`-EINVAL` for a NULL argument): what an MSR callback of `vpmu_msr_ops` returns.
+///
+/// Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
 ///
 /// # Safety
 /// `pmu` is NULL or a live PMU, used by no other thread; `value` NULL or writable.
@@ -157,6 +161,8 @@ pub unsafe extern "C" fn vpmu_testing_pmu_rdmsr(
 
 /// WRMSR on the software PMU: 0, or `-EIO` where the hardware would #GP.
 ///
+/// Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
+///
 /// # Safety
 /// `pmu` is NULL or a live PMU, used by no other thread.
 #[unsafe(no_mangle)]
@@ -175,6 +181,8 @@ pub unsafe extern "C" fn vpmu_testing_pmu_wrmsr(pmu: *mut TestingPmu, msr: u32, 
 /// instructions retired count it, overflowing (and raising the PMI line) exactly when they
 /// wrap. Returns 0 or `-EINVAL` (NULL).
 ///
+/// Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
+///
 /// # Safety
 /// `pmu` is NULL or a live PMU, used by no other thread.
 #[unsafe(no_mangle)]
@@ -190,6 +198,8 @@ pub unsafe extern "C" fn vpmu_testing_pmu_retire_instruction(pmu: *mut TestingPm
 
 /// Takes the PMU's interrupt line: true if it was raised (the CPU then takes the PMI: call
 /// `vpmu_handle_pmi`). False for NULL.
+///
+/// Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
 ///
 /// # Safety
 /// `pmu` is NULL or a live PMU, used by no other thread.
@@ -208,6 +218,8 @@ pub unsafe extern "C" fn vpmu_testing_pmu_take_pmi(pmu: *mut TestingPmu) -> bool
 
 /// Whether any counter of the PMU can count (enabled, and globally enabled where there is a
 /// global control): what a pCPU's PMU must never be with no vCPU loaded. False for NULL.
+///
+/// Thread safety: the PMU's own pCPU thread only (it stands for that CPU's hardware).
 ///
 /// # Safety
 /// `pmu` is NULL or a live PMU, used by no other thread.

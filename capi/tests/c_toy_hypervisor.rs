@@ -151,3 +151,28 @@ fn c_toy_hypervisor_is_clean_under_asan_and_ubsan() {
         ],
     );
 }
+
+/// The header compiles as C++11 too (cbindgen's C++ compatibility: `extern "C"`, enums with
+/// their underlying type), warnings as errors.
+#[test]
+fn header_compiles_as_cpp11() {
+    let dir = crate_dir();
+    let source = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("vpmu_capi_header.cpp");
+    std::fs::write(
+        &source,
+        "#include \"vpmu.h\"\nint main() { return vpmu_testing_shape_count() == 4 ? 0 : 1; }\n",
+    )
+    .expect("write the probe");
+    let output = run(Command::new("g++")
+        .args(["-std=c++11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"])
+        .arg("-I")
+        .arg(dir.join("include"))
+        .arg("-I")
+        .arg(dir.join("../abi/include"))
+        .arg(&source));
+    assert!(
+        output.status.success(),
+        "g++ failed:\n{}",
+        text(&output.stderr)
+    );
+}
