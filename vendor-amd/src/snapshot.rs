@@ -1,6 +1,6 @@
 //! The AMD part of a vCPU snapshot (`vpmu::snapshot`, docs/snapshot.md): the guest-visible
 //! registers of a context as (MSR, value) entries, and a context rebuilt from such entries
-//! through the WRMSR validators of [`policy`](crate::policy), each register's one owner.
+//! through the WRMSR validators of [`policy`], each register's one owner.
 //!
 //! Canonical order, for the enumerated PMU: for each counter *i* PERF_CTR*i* then PERF_CTL*i*
 //! (through the PerfCtrExtCore MSRs where the PMU has them, else the K7 ones); with PerfMonV2

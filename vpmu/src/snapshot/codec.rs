@@ -233,6 +233,11 @@ impl Reader<'_> {
     }
 }
 
+/// `bit` if `on`, else 0.
+fn flag(on: bool, bit: u32) -> u32 {
+    if on { bit } else { 0 }
+}
+
 fn state_code(state: SnapshotState) -> u32 {
     match state {
         SnapshotState::Unused => 0,
@@ -278,17 +283,24 @@ impl VcpuSnapshot {
         w.u8(SHAPE_AT + 3, shape.gp_width);
         w.u32(SHAPE_AT + 4, shape.fixed_counters);
         w.u8(SHAPE_AT + 8, shape.fixed_width);
-        let flags = u8::from(shape.global_ctrl) * SHAPE_GLOBAL_CTRL
-            | u8::from(shape.full_width_writes) * SHAPE_FULL_WIDTH;
+        let flags = if shape.global_ctrl {
+            SHAPE_GLOBAL_CTRL
+        } else {
+            0
+        } | if shape.full_width_writes {
+            SHAPE_FULL_WIDTH
+        } else {
+            0
+        };
         w.u8(SHAPE_AT + 9, flags);
 
         w.u64(POLICY_AT, self.mode.to_abi());
         w.u64(POLICY_AT + 8, self.features);
 
-        let flags = u32::from(self.page.is_some()) * VCPU_PAGE
-            | u32::from(self.ring.is_some()) * VCPU_RING
-            | u32::from(self.pending_pmi.is_some()) * VCPU_PENDING_PMI
-            | u32::from(self.page_lvtpc_masked) * VCPU_LVTPC_MASKED;
+        let flags = flag(self.page.is_some(), VCPU_PAGE)
+            | flag(self.ring.is_some(), VCPU_RING)
+            | flag(self.pending_pmi.is_some(), VCPU_PENDING_PMI)
+            | flag(self.page_lvtpc_masked, VCPU_LVTPC_MASKED);
         w.u32(VCPU_AT, state_code(self.state));
         w.u32(VCPU_AT + 4, flags);
         w.u64(VCPU_AT + 8, self.pending_pmi.map_or(0, |set| set.0));
@@ -455,9 +467,9 @@ fn encode_ring(w: &mut Writer<'_>, ring: &RingRegistration) {
     w.u32(RING_AT + 8, ring.data_pages);
     w.u32(RING_AT + 12, ring.wakeup_bytes);
     w.u32(RING_AT + 16, ring.max_latency_us);
-    let flags = u32::from(ring.loss_signalled) * RING_LOSS_SIGNALLED
-        | u32::from(ring.pending_lost.is_some()) * RING_PENDING_LOST
-        | u32::from(ring.unsignalled_since.is_some()) * RING_UNSIGNALLED;
+    let flags = flag(ring.loss_signalled, RING_LOSS_SIGNALLED)
+        | flag(ring.pending_lost.is_some(), RING_PENDING_LOST)
+        | flag(ring.unsignalled_since.is_some(), RING_UNSIGNALLED);
     w.u32(RING_AT + 20, flags);
     for (i, &period) in ring.period_gp.iter().enumerate() {
         w.u64(RING_AT + 24 + 8 * i, period);
