@@ -89,7 +89,8 @@ fn run_and_check(binary: &Path, env: &[(&str, &str)]) {
         };
         let expected = format!(
             "{shape}: {vendor} backend from CPUID; counts 1000, 500, 300, 1200, 1300 after \
-             migration; sample at 0xffffffff812343e4, flushed; teardown request completed on pCPU 1"
+             migration; sample at 0xffffffff812343e4, flushed; 3 ring records; teardown request \
+             completed on pCPU 1"
         );
         assert_eq!(*line, expected);
     }

@@ -56,26 +56,33 @@ static int32_t perf_capabilities(void *ctx, uint64_t *value)
 
 /* ---- The platform. ---- */
 
-static int32_t map_page(void *ctx, uint32_t domain, uint64_t gfn, uint64_t *slot)
+/* Maps `frames` frames of `domain` from `gfn` into a free slot: 0, -EINVAL or -ENOMEM. */
+static int32_t map_frames(uint32_t domain, uint64_t gfn, uint32_t frames, uint64_t *slot)
 {
-    (void)self(ctx);
-    if (domain >= DOMAINS || gfn < GUEST_FRAME(domain, 0) ||
-        gfn >= GUEST_FRAME(domain, FRAMES_PER_DOMAIN))
+    if (domain >= DOMAINS || frames == 0 || gfn < GUEST_FRAME(domain, 0) ||
+        gfn + frames > GUEST_FRAME(domain, FRAMES_PER_DOMAIN))
         return -VPMU_EINVAL;
-    pthread_mutex_lock(&HOST.lock);
     int32_t status = -VPMU_ENOMEM;
+    pthread_mutex_lock(&HOST.lock);
     for (uint64_t s = 0; s < MAX_SLOTS; s++) {
         if (!HOST.slots[s].used) {
             HOST.slots[s].used = true;
             HOST.slots[s].domain = domain;
             HOST.slots[s].index = (uint32_t)(gfn - GUEST_FRAME(domain, 0));
+            HOST.slots[s].frames = frames;
             *slot = s;
             status = 0;
             break;
         }
     }
     pthread_mutex_unlock(&HOST.lock);
-    return status; /* -ENOMEM: no free slot */
+    return status;
+}
+
+static int32_t map_page(void *ctx, uint32_t domain, uint64_t gfn, uint64_t *slot)
+{
+    (void)self(ctx);
+    return map_frames(domain, gfn, 1, slot);
 }
 
 static void unmap_page(void *ctx, uint64_t slot)
@@ -87,11 +94,12 @@ static void unmap_page(void *ctx, uint64_t slot)
     pthread_mutex_unlock(&HOST.lock);
 }
 
-/* The frame behind a mapped slot; HOST.lock held. */
-static uint8_t *frame_of(uint64_t slot)
+/* The first frame behind a mapped slot, and its size in bytes; HOST.lock held. */
+static uint8_t *frame_of(uint64_t slot, uint32_t *bytes)
 {
     if (slot >= MAX_SLOTS || !HOST.slots[slot].used)
         return NULL;
+    *bytes = HOST.slots[slot].frames * (uint32_t)sizeof(xenpmu_page);
     return (uint8_t *)&HOST.memory[HOST.slots[slot].domain][HOST.slots[slot].index];
 }
 
@@ -99,8 +107,9 @@ static uint8_t *frame_of(uint64_t slot)
 static int32_t read_page(void *ctx, uint64_t slot, uint8_t *page)
 {
     (void)self(ctx);
+    uint32_t size = 0;
     pthread_mutex_lock(&HOST.lock);
-    uint8_t *frame = frame_of(slot);
+    uint8_t *frame = frame_of(slot, &size);
     if (frame)
         memcpy(page, frame, sizeof(xenpmu_page));
     pthread_mutex_unlock(&HOST.lock);
@@ -112,8 +121,9 @@ static void write_page(void *ctx, uint64_t slot, uint32_t offset, const uint8_t 
 {
     (void)self(ctx);
     CHECK((uint64_t)offset + len <= sizeof(xenpmu_page));
+    uint32_t size = 0;
     pthread_mutex_lock(&HOST.lock);
-    uint8_t *frame = frame_of(slot);
+    uint8_t *frame = frame_of(slot, &size);
     CHECK(frame != NULL);
     memcpy(frame + offset, bytes, len);
     pthread_mutex_unlock(&HOST.lock);
@@ -198,6 +208,61 @@ static void diagnostic(void *ctx, const vpmu_diagnostic *d)
     pthread_mutex_unlock(&HOST.lock);
 }
 
+/* ---- The sample ring (ABI 1.4): guest RAM reads, ring areas, their reads and writes. ---- */
+
+static bool read_guest(void *ctx, uint32_t domain, uint64_t address, uint8_t *out, uint32_t len)
+{
+    (void)self(ctx);
+    uint64_t base = GUEST_FRAME(domain, 0) * sizeof(xenpmu_page);
+    uint64_t end = base + FRAMES_PER_DOMAIN * sizeof(xenpmu_page);
+    if (domain >= DOMAINS || address < base || address > end || len > end - address)
+        return false;
+    pthread_mutex_lock(&HOST.lock);
+    memcpy(out, (const uint8_t *)HOST.memory[domain] + (address - base), len);
+    pthread_mutex_unlock(&HOST.lock);
+    return true;
+}
+
+static int32_t map_ring(void *ctx, uint32_t domain, uint64_t gfn, uint32_t frames, uint64_t *slot)
+{
+    (void)self(ctx);
+    return map_frames(domain, gfn, frames, slot);
+}
+
+/* The bytes [offset, offset + len) of the ring area behind `slot`, or NULL; HOST.lock held. */
+static uint8_t *ring_bytes(uint64_t slot, uint32_t offset, uint32_t len)
+{
+    uint32_t size = 0;
+    uint8_t *area = frame_of(slot, &size);
+    if (!area || offset > size || len > size - offset)
+        return NULL;
+    return area + offset;
+}
+
+/* Under HOST.lock, which the consumer also takes: each write is visible before the next. */
+static bool ring_read(void *ctx, uint64_t slot, uint32_t offset, uint8_t *out, uint32_t len)
+{
+    (void)self(ctx);
+    pthread_mutex_lock(&HOST.lock);
+    uint8_t *bytes = ring_bytes(slot, offset, len);
+    if (bytes)
+        memcpy(out, bytes, len);
+    pthread_mutex_unlock(&HOST.lock);
+    return bytes != NULL;
+}
+
+static bool ring_write(void *ctx, uint64_t slot, uint32_t offset, const uint8_t *data,
+                       uint32_t len)
+{
+    (void)self(ctx);
+    pthread_mutex_lock(&HOST.lock);
+    uint8_t *bytes = ring_bytes(slot, offset, len);
+    if (bytes)
+        memcpy(bytes, data, len);
+    pthread_mutex_unlock(&HOST.lock);
+    return bytes != NULL;
+}
+
 const vpmu_platform_ops PLATFORM = {
     .map_page = map_page,
     .unmap_page = unmap_page,
@@ -210,6 +275,11 @@ const vpmu_platform_ops PLATFORM = {
     .interrupted = interrupted,
     .diagnostic = diagnostic,
     .resume_regs = resume_regs,
+    .read_guest = read_guest,
+    .map_ring = map_ring,
+    .unmap_ring = unmap_page,
+    .ring_read = ring_read,
+    .ring_write = ring_write,
 };
 
 /* ---- pCPUs. ---- */

@@ -72,9 +72,10 @@ struct host {
     struct pcpu cpus[PCPUS];
     pthread_mutex_t lock; /* memory, mappings, LAPICs, VIRQs, resume registers, diagnostics */
     xenpmu_page memory[DOMAINS][FRAMES_PER_DOMAIN];
+    /* Mapped shared pages and ring areas: `frames` contiguous frames from `index`. */
     struct {
         bool used;
-        uint32_t domain, index;
+        uint32_t domain, index, frames;
     } slots[MAX_SLOTS];
     struct lapic lapics[VCPUS];
     int virqs[QUEUE];

@@ -11,6 +11,9 @@
  * 5. guest 1.1 registers its shared page and samples: the PMI arrives at the exact
  *    instruction that overflowed the counter, the sample in its page names it, the PMU VIRQ
  *    is raised, and after the guest's flush the counters run again;
+ * 5b. (beyond the Rust example) guest 1.0, now on pCPU 1, samples through the ABI 1.4 ring
+ *    (the ring callbacks): three PMIs, each re-armed by the hypervisor, give three records at
+ *    the exact instructions, while counter 0 goes on counting;
  * 6. domain 1 is destroyed from pCPU 0 while guest 1.0 runs on pCPU 1: the teardown is a
  *    cross-CPU request, completed on pCPU 1 before its next job;
  * 7. teardown: both pCPUs detach, and no counter is left counting.
@@ -157,6 +160,56 @@ static void step_5_flush(struct pcpu *cpu, void *arg)
     CHECK(rdpmc(cpu, 1) == 50);
 }
 
+/* Guest 1.0's ring: its page at frame 0, the control page at frame 2, one data page at 3. */
+#define RING_CONTROL 2
+
+static void step_5b_ring(struct pcpu *cpu, void *arg)
+{
+    struct sampled *out = arg;
+    vpmu_error err;
+    CHECK(cpu->current == GUEST_0);
+    CHECK(hypercall(cpu, XENPMU_OP_INIT, GUEST_FRAME(1, 0), 0, &err) == 0);
+    pthread_mutex_lock(&HOST.lock);
+    HOST.memory[1][0].lapic_lvtpc &= ~(uint32_t)XENPMU_LVTPC_MASKED;
+    xenpmu_ring_control *ctl = (xenpmu_ring_control *)&HOST.memory[1][RING_CONTROL];
+    memset(ctl, 0, 2 * sizeof(xenpmu_page));
+    ctl->config.data_pages = 1;
+    ctl->config.period_gp[1] = PERIOD; /* the hypervisor re-arms counter 1 */
+    pthread_mutex_unlock(&HOST.lock);
+    CHECK(hypercall(cpu, XENPMU_OP_LVTPC_SET, 0, 0, &err) == 0);
+    CHECK(hypercall(cpu, XENPMU_OP_RING_INIT, GUEST_FRAME(1, RING_CONTROL), 0, &err) == 0);
+    program(cpu, 1, (1ull << 48) - PERIOD, true);
+    out->count = retire(cpu, SAMPLED_FUNCTION, 3 * PERIOD, out->pmis, 4);
+    /* Never stopped for a ring sample: counter 0 has every instruction since step 4. */
+    CHECK(rdpmc(cpu, 0) == 1300 + 3 * PERIOD);
+}
+
+/* The owner consumes its ring: the records of `count` samples at the overflowing instructions. */
+static void consume_ring(unsigned count)
+{
+    pthread_mutex_lock(&HOST.lock);
+    xenpmu_ring_control *ctl = (xenpmu_ring_control *)&HOST.memory[1][RING_CONTROL];
+    const void *data = xenpmu_ring_data(ctl);
+    CHECK(data != NULL);
+    uint64_t tail = ctl->consumer.tail, head = xenpmu_ring_head_acquire(ctl);
+    unsigned samples = 0;
+    const xenpmu_record_header *rec;
+    while (xenpmu_ring_next(data, ctl->info.data_size, ctl->info.record_max, tail, head, &rec) == 0) {
+        xenpmu_ring_sample sample;
+        CHECK(xenpmu_ring_sample_get(rec, &sample, NULL, 0) >= 0);
+        samples++;
+        /* The first sample since the page's init is number 1; no gap: nothing lost. */
+        CHECK(sample.sequence == samples);
+        CHECK(sample.identity.domain_id == XENPMU_DOMID_SELF && sample.identity.vcpu_id == 0);
+        CHECK(sample.regs.rip == SAMPLED_FUNCTION + 4 * (samples * PERIOD - 1));
+        CHECK(sample.overflowed == 1u << 1);
+        tail += rec->size;
+    }
+    CHECK(tail == head && samples == count);
+    xenpmu_ring_tail_release(ctl, tail);
+    pthread_mutex_unlock(&HOST.lock);
+}
+
 static void step_6_destroy(struct pcpu *cpu, void *arg)
 {
     uint32_t *first_try = arg;
@@ -275,6 +328,17 @@ static void run_on_shape(uint32_t shape)
     vpmu_vcpu_report sampler = report(GUEST_1);
     CHECK(sampler.pmis_generated == 1 && sampler.pmis_delivered == 1);
 
+    /* 5b. Guest 1.0 samples through its ring on pCPU 1. */
+    memset(&sampled, 0, sizeof sampled);
+    run_on(1, step_5b_ring, &sampled);
+    CHECK(sampled.count == 3);
+    for (unsigned k = 0; k < 3; k++) {
+        CHECK(sampled.pmis[k].rip == SAMPLED_FUNCTION + 4 * ((k + 1) * PERIOD - 1));
+        CHECK(sampled.pmis[k].outcome.kind == VPMU_PMI_KIND_DELIVERED);
+        CHECK(sampled.pmis[k].outcome.domain == 1 && sampled.pmis[k].outcome.vcpu == 0);
+    }
+    consume_ring(3);
+
     /* 6. Domain 1 destroyed from pCPU 0 while guest 1.0 runs on pCPU 1. */
     uint32_t first_try = VPMU_DONE;
     run_on(0, step_6_destroy, &first_try);
@@ -295,7 +359,7 @@ static void run_on_shape(uint32_t shape)
     CHECK(HOST.diagnostics == 0);
     host_free();
     printf("%s: %s backend from CPUID; counts 1000, 500, 300, 1200, 1300 after migration; "
-           "sample at %#llx, flushed; teardown request completed on pCPU 1\n",
+           "sample at %#llx, flushed; 3 ring records; teardown request completed on pCPU 1\n",
            name, intel ? "Intel" : "AMD", (unsigned long long)overflowed_at);
 }
 
