@@ -192,29 +192,9 @@
 #define VPMU_FILTER_NONE 2
 
 /**
- * The CPU vendor of the backend in use.
+ * `EADDRINUSE`: a frame of the snapshot's page or ring is another vCPU's.
  */
-enum vpmu_vendor
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
-  /**
-   * Intel architectural PMU.
-   */
-  VPMU_VENDOR_INTEL = 0,
-  /**
-   * AMD (or Hygon) core PMU.
-   */
-  VPMU_VENDOR_AMD = 1,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum vpmu_vendor vpmu_vendor;
-#else
-typedef uint32_t vpmu_vendor;
-#endif // __STDC_VERSION__ >= 202311L
-#endif // __cplusplus
+#define VPMU_EADDRINUSE 98
 
 /**
  * Why a call failed (or `None`). The errno says what kind of failure it is; the reason says
@@ -331,6 +311,27 @@ enum vpmu_reason
    * (`-ENOTRECOVERABLE`). Only `vpmu_destroy` and the detach/destroy calls still work.
    */
   VPMU_REASON_POISONED,
+  /**
+   * `vpmu_vcpu_snapshot` refused: the vCPU is not quiesced (`-EBUSY`), or the mode keeps
+   * no per-vCPU contexts (`-EOPNOTSUPP`).
+   */
+  VPMU_REASON_SNAPSHOT_NOT_TAKEN,
+  /**
+   * The bytes given to `vpmu_vcpu_restore` are not a snapshot this library reads (magic,
+   * version, length, checksum, a field) (`-EINVAL`).
+   */
+  VPMU_REASON_SNAPSHOT_INVALID,
+  /**
+   * The snapshot is of another vendor or PMU shape, other features, or a mode without
+   * per-vCPU contexts (`-EOPNOTSUPP`).
+   */
+  VPMU_REASON_SNAPSHOT_INCOMPATIBLE,
+  /**
+   * The snapshot's contents are refused: a register by its WRMSR validator
+   * ([`VpmuError::msr`] names it), a register set not this PMU's, an inconsistent state, a
+   * ring configuration, a frame (`-EINVAL`, `-ENOMEM`, `-EADDRINUSE`).
+   */
+  VPMU_REASON_SNAPSHOT_REFUSED,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -378,39 +379,6 @@ typedef uint32_t vpmu_pmi_kind;
 #endif // __cplusplus
 
 /**
- * Where a vCPU's PMU state is.
- */
-enum vpmu_vcpu_state
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
-  /**
-   * Never used: no PMU register touched, no page.
-   */
-  VPMU_VCPU_STATE_ALLOCATED = 0,
-  /**
-   * The context is in memory.
-   */
-  VPMU_VCPU_STATE_SAVED,
-  /**
-   * The context is on the hardware of `vpmu_vcpu_info::pcpu`, where the vCPU runs.
-   */
-  VPMU_VCPU_STATE_LOADED,
-  /**
-   * A sample waits in the vCPU's page; counters stopped until the guest flushes.
-   */
-  VPMU_VCPU_STATE_CACHED,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum vpmu_vcpu_state vpmu_vcpu_state;
-#else
-typedef uint32_t vpmu_vcpu_state;
-#endif // __STDC_VERSION__ >= 202311L
-#endif // __cplusplus
-
-/**
  * Diagnostic kinds (`vpmu_diagnostic::kind`), as the core reports them.
  */
 enum vpmu_diagnostic_kind
@@ -453,6 +421,64 @@ typedef uint32_t vpmu_diagnostic_kind;
 #endif // __cplusplus
 
 /**
+ * The CPU vendor of the backend in use.
+ */
+enum vpmu_vendor
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Intel architectural PMU.
+   */
+  VPMU_VENDOR_INTEL = 0,
+  /**
+   * AMD (or Hygon) core PMU.
+   */
+  VPMU_VENDOR_AMD = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum vpmu_vendor vpmu_vendor;
+#else
+typedef uint32_t vpmu_vendor;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Where a vCPU's PMU state is.
+ */
+enum vpmu_vcpu_state
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Never used: no PMU register touched, no page.
+   */
+  VPMU_VCPU_STATE_ALLOCATED = 0,
+  /**
+   * The context is in memory.
+   */
+  VPMU_VCPU_STATE_SAVED,
+  /**
+   * The context is on the hardware of `vpmu_vcpu_info::pcpu`, where the vCPU runs.
+   */
+  VPMU_VCPU_STATE_LOADED,
+  /**
+   * A sample waits in the vCPU's page; counters stopped until the guest flushes.
+   */
+  VPMU_VCPU_STATE_CACHED,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum vpmu_vcpu_state vpmu_vcpu_state;
+#else
+typedef uint32_t vpmu_vcpu_state;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * One attached physical CPU (C: `vpmu_pcpu`): the core's per-pCPU state over the C MSR bus.
  */
 typedef struct vpmu_pcpu vpmu_pcpu;
@@ -472,44 +498,6 @@ typedef struct vpmu_vcpu vpmu_vcpu;
  * The vPMU of a host (C: `vpmu`): the core, the platform table, the vCPUs, the filters.
  */
 typedef struct vpmu vpmu;
-
-/**
- * What the enumerated PMU offers (what a guest's CPUID may show).
- */
-typedef struct vpmu_pmu_caps {
-  /**
-   * The vendor, chosen from CPUID at `vpmu_create`.
-   */
-  vpmu_vendor vendor;
-  /**
-   * Intel: architectural PMU version; AMD: 1, or 2 with PerfMonV2.
-   */
-  uint32_t version;
-  /**
-   * General-purpose counters.
-   */
-  uint32_t gp_counters;
-  /**
-   * Their width in bits.
-   */
-  uint32_t gp_width;
-  /**
-   * Fixed counters present, as a bitmap (Intel; 0 on AMD).
-   */
-  uint32_t fixed_counters;
-  /**
-   * Their width in bits (Intel; 0 on AMD).
-   */
-  uint32_t fixed_width;
-  /**
-   * Global control and status registers exist (Intel v2+, AMD PerfMonV2).
-   */
-  bool global_ctrl;
-  /**
-   * Intel: full-width counter writes (IA32_A_PMCx).
-   */
-  bool full_width_writes;
-} vpmu_pmu_caps;
 
 /**
  * An error's details, filled by every entry point that is given one.
@@ -549,20 +537,6 @@ typedef struct vpmu_error {
  * No error.
  */
 #define vpmu_error_NONE (vpmu_error){ .errno = 0, .reason = vpmu_reason_None, .msr = 0, .pcpu = 0, .domain = 0, .vcpu = 0, .needed = 0 }
-
-/**
- * An inclusive range of MSR numbers the vPMU owns.
- */
-typedef struct vpmu_msr_range {
-  /**
-   * The first MSR.
-   */
-  uint32_t first;
-  /**
-   * The last MSR (inclusive).
-   */
-  uint32_t last;
-} vpmu_msr_range;
 
 /**
  * What `vpmu_handle_pmi` did.
@@ -612,61 +586,6 @@ typedef struct vpmu_request {
    */
   uint64_t value;
 } vpmu_request;
-
-/**
- * A vCPU's PMU state and statistics.
- */
-typedef struct vpmu_vcpu_report {
-  /**
-   * Where its state is.
-   */
-  vpmu_vcpu_state state;
-  /**
-   * `LOADED`: the pCPU holding it; `CACHED`: the pCPU the sample was taken on; else
-   * `UINT32_MAX`.
-   */
-  uint32_t pcpu;
-  /**
-   * Nonzero if a shared page is registered.
-   */
-  uint32_t has_page;
-  /**
-   * PMIs routed to it.
-   */
-  uint64_t pmis_generated;
-  /**
-   * Of those, delivered (LVTPC or page).
-   */
-  uint64_t pmis_delivered;
-  /**
-   * Of those, dropped.
-   */
-  uint64_t pmis_dropped;
-  /**
-   * Of those, queued by the platform and not yet reported done.
-   */
-  uint64_t pmis_in_flight;
-  /**
-   * Overflows saved with the context before their PMI was handled.
-   */
-  uint64_t pmis_kept_pending;
-  /**
-   * Intercepted RDMSRs of PMU registers.
-   */
-  uint64_t msr_reads;
-  /**
-   * Intercepted WRMSRs of PMU registers.
-   */
-  uint64_t msr_writes;
-  /**
-   * RDPMCs performed.
-   */
-  uint64_t rdpmcs;
-  /**
-   * Accesses answered with #GP.
-   */
-  uint64_t gp_faults;
-} vpmu_vcpu_report;
 
 /**
  * What `vpmu_create` makes the vPMU for.
@@ -921,34 +840,116 @@ typedef struct vpmu_event_match {
   uint8_t exclude;
 } vpmu_event_match;
 
+/**
+ * What the enumerated PMU offers (what a guest's CPUID may show).
+ */
+typedef struct vpmu_pmu_caps {
+  /**
+   * The vendor, chosen from CPUID at `vpmu_create`.
+   */
+  vpmu_vendor vendor;
+  /**
+   * Intel: architectural PMU version; AMD: 1, or 2 with PerfMonV2.
+   */
+  uint32_t version;
+  /**
+   * General-purpose counters.
+   */
+  uint32_t gp_counters;
+  /**
+   * Their width in bits.
+   */
+  uint32_t gp_width;
+  /**
+   * Fixed counters present, as a bitmap (Intel; 0 on AMD).
+   */
+  uint32_t fixed_counters;
+  /**
+   * Their width in bits (Intel; 0 on AMD).
+   */
+  uint32_t fixed_width;
+  /**
+   * Global control and status registers exist (Intel v2+, AMD PerfMonV2).
+   */
+  bool global_ctrl;
+  /**
+   * Intel: full-width counter writes (IA32_A_PMCx).
+   */
+  bool full_width_writes;
+} vpmu_pmu_caps;
+
+/**
+ * An inclusive range of MSR numbers the vPMU owns.
+ */
+typedef struct vpmu_msr_range {
+  /**
+   * The first MSR.
+   */
+  uint32_t first;
+  /**
+   * The last MSR (inclusive).
+   */
+  uint32_t last;
+} vpmu_msr_range;
+
+/**
+ * A vCPU's PMU state and statistics.
+ */
+typedef struct vpmu_vcpu_report {
+  /**
+   * Where its state is.
+   */
+  vpmu_vcpu_state state;
+  /**
+   * `LOADED`: the pCPU holding it; `CACHED`: the pCPU the sample was taken on; else
+   * `UINT32_MAX`.
+   */
+  uint32_t pcpu;
+  /**
+   * Nonzero if a shared page is registered.
+   */
+  uint32_t has_page;
+  /**
+   * PMIs routed to it.
+   */
+  uint64_t pmis_generated;
+  /**
+   * Of those, delivered (LVTPC or page).
+   */
+  uint64_t pmis_delivered;
+  /**
+   * Of those, dropped.
+   */
+  uint64_t pmis_dropped;
+  /**
+   * Of those, queued by the platform and not yet reported done.
+   */
+  uint64_t pmis_in_flight;
+  /**
+   * Overflows saved with the context before their PMI was handled.
+   */
+  uint64_t pmis_kept_pending;
+  /**
+   * Intercepted RDMSRs of PMU registers.
+   */
+  uint64_t msr_reads;
+  /**
+   * Intercepted WRMSRs of PMU registers.
+   */
+  uint64_t msr_writes;
+  /**
+   * RDPMCs performed.
+   */
+  uint64_t rdpmcs;
+  /**
+   * Accesses answered with #GP.
+   */
+  uint64_t gp_faults;
+} vpmu_vcpu_report;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
-
-/**
- * The backend's capabilities. Thread safety: any thread.
- *
- * # Safety
- * `vpmu` is a live handle; `out` and `err` (may be NULL) are writable.
- */
-int32_t vpmu_capabilities(const struct vpmu *vpmu,
-                          struct vpmu_pmu_caps *out,
-                          struct vpmu_error *err);
-
-/**
- * The MSR ranges the vPMU owns: route every guest RDMSR/WRMSR of them to `vpmu_rdmsr` /
- * `vpmu_wrmsr` (absent counters must fault). Writes up to `capacity` ranges to `out` and the
- * total to `*count`. Thread safety: any thread.
- *
- * # Safety
- * `vpmu` is a live handle; `out` has room for `capacity` ranges (NULL with 0); `count` and
- * `err` (may be NULL) are writable.
- */
-int32_t vpmu_msr_ranges(const struct vpmu *vpmu,
-                        struct vpmu_msr_range *out,
-                        uintptr_t capacity,
-                        uintptr_t *count,
-                        struct vpmu_error *err);
 
 /**
  * A guest RDMSR of `msr` by `vcpu`, running on `pcpu`: `*result` is `VPMU_MSR_*`, and on
@@ -1120,16 +1121,6 @@ int32_t vpmu_lvtpc_delivery_done(const struct vpmu *vpmu,
                                  struct vpmu_error *err);
 
 /**
- * A vCPU's state and statistics. Thread safety: any thread (the vCPU is locked for the call).
- *
- * # Safety
- * `vcpu` is a live handle; `out` and `err` (may be NULL) writable.
- */
-int32_t vpmu_vcpu_info(const struct vpmu_vcpu *vcpu,
-                       struct vpmu_vcpu_report *out,
-                       struct vpmu_error *err);
-
-/**
  * Creates the vPMU of a host: reads CPUID through `cpuid` (with `cpuid_ctx`; used during
  * the call only) and picks the backend of the CPU's vendor; `platform` (copied) serves every
  * pCPU. Writes the handle to `*out`.
@@ -1252,6 +1243,93 @@ int32_t vpmu_set_event_filter(const struct vpmu *vpmu,
  * value that is none). Thread safety: any thread.
  */
 const char *vpmu_reason_name(uint32_t reason);
+
+/**
+ * The backend's capabilities. Thread safety: any thread.
+ *
+ * # Safety
+ * `vpmu` is a live handle; `out` and `err` (may be NULL) are writable.
+ */
+int32_t vpmu_capabilities(const struct vpmu *vpmu,
+                          struct vpmu_pmu_caps *out,
+                          struct vpmu_error *err);
+
+/**
+ * The MSR ranges the vPMU owns: route every guest RDMSR/WRMSR of them to `vpmu_rdmsr` /
+ * `vpmu_wrmsr` (absent counters must fault). Writes up to `capacity` ranges to `out` and the
+ * total to `*count`. Thread safety: any thread.
+ *
+ * # Safety
+ * `vpmu` is a live handle; `out` has room for `capacity` ranges (NULL with 0); `count` and
+ * `err` (may be NULL) are writable.
+ */
+int32_t vpmu_msr_ranges(const struct vpmu *vpmu,
+                        struct vpmu_msr_range *out,
+                        uintptr_t capacity,
+                        uintptr_t *count,
+                        struct vpmu_error *err);
+
+/**
+ * A vCPU's state and statistics. Thread safety: any thread (the vCPU is locked for the call).
+ *
+ * # Safety
+ * `vcpu` is a live handle; `out` and `err` (may be NULL) writable.
+ */
+int32_t vpmu_vcpu_info(const struct vpmu_vcpu *vcpu,
+                       struct vpmu_vcpu_report *out,
+                       struct vpmu_error *err);
+
+/**
+ * The most bytes a snapshot takes (a buffer this large always fits). Thread safety: any.
+ */
+uintptr_t vpmu_snapshot_max_bytes(void);
+
+/**
+ * Takes `vcpu`'s PMU state as bytes into `buf` (`capacity` bytes) and writes their number
+ * to `*len`. The vCPU must be quiesced: switched out of every pCPU, with no queued PMI
+ * delivery outstanding, in self or hv mode.
+ *
+ * Errors (`VPMU_REASON_SNAPSHOT_NOT_TAKEN`): `-EBUSY` (not quiesced, or all-mode state),
+ * `-EOPNOTSUPP` (a mode without per-vCPU contexts); `-ENOSPC` with `VPMU_REASON_BAD_ARGUMENT`
+ * and `err->needed` (and `*len`) the size needed when `capacity` is too small.
+ *
+ * Thread safety: any thread (the library locks the vCPU).
+ *
+ * # Safety
+ * Live handles, `vcpu` one of `vpmu`'s; `buf` has `capacity` writable bytes (NULL with 0);
+ * `len` and `err` (may be NULL) writable.
+ */
+int32_t vpmu_vcpu_snapshot(const struct vpmu *vpmu,
+                           const struct vpmu_vcpu *vcpu,
+                           uint8_t *buf,
+                           uintptr_t capacity,
+                           uintptr_t *len,
+                           struct vpmu_error *err);
+
+/**
+ * Restores the snapshot `bytes` (`len` bytes) into `vcpu`, a vCPU made by
+ * `vpmu_vcpu_create` and not run since, through `pcpu` (the caller's own pCPU, whose
+ * platform callbacks map the snapshot's page and ring in the vCPU's domain: the guest's
+ * memory must already hold them). Nothing changes on a refusal.
+ *
+ * Errors: `-EINVAL` `VPMU_REASON_SNAPSHOT_INVALID` (not a snapshot: bad magic, version,
+ * length, checksum, field), `-EOPNOTSUPP` `VPMU_REASON_SNAPSHOT_INCOMPATIBLE` (another
+ * vendor, PMU shape, features, or a mode without contexts), `VPMU_REASON_SNAPSHOT_REFUSED`
+ * (`-EINVAL`: a register refused by its WRMSR validator, with `err->msr`, a register set not
+ * this PMU's, an inconsistent state, a ring configuration refused, a frame not mappable;
+ * `-ENOMEM`; `-EADDRINUSE`: a frame another vCPU uses), `-EBUSY` `VPMU_REASON_VCPU_IN_USE`
+ * (the target is not fresh).
+ *
+ * Thread safety: on `pcpu`'s own CPU, one call at a time (as every call on a pCPU).
+ *
+ * # Safety
+ * Live handles of one vPMU; `bytes` has `len` readable bytes; `err` NULL or writable.
+ */
+int32_t vpmu_vcpu_restore(const struct vpmu_pcpu *pcpu,
+                          const struct vpmu_vcpu *vcpu,
+                          const uint8_t *bytes,
+                          uintptr_t len,
+                          struct vpmu_error *err);
 
 /**
  * The number of test shapes (4). Thread safety: any thread.

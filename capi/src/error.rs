@@ -101,6 +101,19 @@ pub enum VpmuReason {
     /// An earlier call panicked; the vPMU's state can no longer be trusted
     /// (`-ENOTRECOVERABLE`). Only `vpmu_destroy` and the detach/destroy calls still work.
     Poisoned,
+    /// `vpmu_vcpu_snapshot` refused: the vCPU is not quiesced (`-EBUSY`), or the mode keeps
+    /// no per-vCPU contexts (`-EOPNOTSUPP`).
+    SnapshotNotTaken,
+    /// The bytes given to `vpmu_vcpu_restore` are not a snapshot this library reads (magic,
+    /// version, length, checksum, a field) (`-EINVAL`).
+    SnapshotInvalid,
+    /// The snapshot is of another vendor or PMU shape, other features, or a mode without
+    /// per-vCPU contexts (`-EOPNOTSUPP`).
+    SnapshotIncompatible,
+    /// The snapshot's contents are refused: a register by its WRMSR validator
+    /// ([`VpmuError::msr`] names it), a register set not this PMU's, an inconsistent state, a
+    /// ring configuration, a frame (`-EINVAL`, `-ENOMEM`, `-EADDRINUSE`).
+    SnapshotRefused,
 }
 
 /// An error's details, filled by every entry point that is given one.
@@ -289,7 +302,7 @@ fn report_panic(payload: &(dyn Any + Send)) {
 
 /// The reason's name, as a static NUL-terminated string.
 pub(crate) fn reason_name(reason: u32) -> &'static std::ffi::CStr {
-    const NAMES: [&std::ffi::CStr; 25] = [
+    const NAMES: [&std::ffi::CStr; 29] = [
         c"none",
         c"null argument",
         c"missing callback",
@@ -314,6 +327,10 @@ pub(crate) fn reason_name(reason: u32) -> &'static std::ffi::CStr {
         c"control operation refused",
         c"panic caught",
         c"poisoned by an earlier panic",
+        c"snapshot not taken",
+        c"not a snapshot",
+        c"snapshot of another PMU or policy",
+        c"snapshot refused",
         c"unknown reason",
     ];
     NAMES[(reason as usize).min(NAMES.len() - 1)]
@@ -352,6 +369,10 @@ mod tests {
             OpRefused,
             Panic,
             Poisoned,
+            SnapshotNotTaken,
+            SnapshotInvalid,
+            SnapshotIncompatible,
+            SnapshotRefused,
         ];
         let names: Vec<_> = all.iter().map(|&r| reason_name(r as u32)).collect();
         for (i, (reason, name)) in all.iter().zip(&names).enumerate() {

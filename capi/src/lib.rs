@@ -14,6 +14,9 @@
 //! * [`entry`]: every entry point of the core: `vpmu_rdmsr`, `vpmu_wrmsr`, `vpmu_rdpmc`,
 //!   `vpmu_context_switch`, `vpmu_handle_pmi`, `vpmu_control_op`, `vpmu_complete_request`,
 //!   `vpmu_event_filter_changed`, `vpmu_teardown_vcpu`, `vpmu_lvtpc_delivery_done`.
+//! * [`info`]: what a caller reads back: capabilities, MSR ranges, a vCPU's state.
+//! * [`snapshot`]: a vCPU's PMU state as bytes: `vpmu_vcpu_snapshot` of a quiesced vCPU,
+//!   `vpmu_vcpu_restore` into a fresh one (same PMU shape; every value validated).
 //! * [`error`]: errors as a negative errno plus a typed reason ([`error::VpmuError`]); a panic
 //!   never crosses the boundary: it is caught, reported, and poisons the vPMU.
 //! * [`testing`]: a software machine (CPUID and PMUs of the four test shapes) for C tests.
@@ -30,11 +33,15 @@ pub mod callbacks;
 pub mod entry;
 pub mod error;
 pub mod handles;
+pub mod info;
 mod platform;
+pub mod snapshot;
 pub mod testing;
 
 pub use callbacks::*;
 pub use entry::*;
 pub use error::*;
 pub use handles::*;
+pub use info::*;
+pub use snapshot::*;
 pub use testing::*;

@@ -135,6 +135,13 @@ struct Booted {
 }
 
 fn boot(shape: u32) -> Booted {
+    let booted = boot_idle(shape);
+    booted.switch_to(booted.vcpu);
+    booted
+}
+
+/// As `boot`, with vCPU 1.0 made but never run.
+fn boot_idle(shape: u32) -> Booted {
     let (rc, err, vpmu) = create(shape, CPUID, &PLATFORM);
     assert_eq!((rc, err.reason), (0, VpmuReason::None));
     let mut pmu = ptr::null_mut();
@@ -152,7 +159,6 @@ fn boot(shape: u32) -> Booted {
     unsafe {
         assert_eq!(vpmu_pcpu_attach(vpmu, 0, &BUS, ctx, &mut pcpu, &mut err), 0);
         assert_eq!(vpmu_vcpu_create(vpmu, 1, 0, &mut vcpu, &mut err), 0);
-        assert_eq!(vpmu_context_switch(pcpu, vcpu, &mut err), 0);
     }
     cpu.handle.set(pcpu);
     Booted {
@@ -164,6 +170,13 @@ fn boot(shape: u32) -> Booted {
 }
 
 impl Booted {
+    fn switch_to(&self, next: *const VcpuHandle) {
+        let mut err = VpmuError::NONE;
+        // SAFETY: live handles (`next` may be NULL: idle) and a local.
+        let rc = unsafe { vpmu_context_switch(self.pcpu, next, &mut err) };
+        assert_eq!((rc, err.reason), (0, VpmuReason::None));
+    }
+
     fn wrmsr(&self, msr: u32, value: u64) -> (i32, u32) {
         let (mut result, mut err) = (u32::MAX, VpmuError::NONE);
         // SAFETY: live handles and locals.
@@ -378,4 +391,106 @@ fn an_event_filter_stops_and_restarts_a_counter() {
     booted.retire(25);
     assert_eq!(booted.rdpmc(0), 125, "counting again without the filter");
     booted.shut_down();
+}
+
+/// Programs counter 0 of an Intel v5 vCPU to count instructions, globally enabled.
+fn count_on_counter_0(booted: &Booted) {
+    assert_eq!(booted.wrmsr(PMC0, 0), (0, VPMU_MSR_HANDLED));
+    assert_eq!(
+        booted.wrmsr(EVTSEL0, COUNT_INSTRUCTIONS),
+        (0, VPMU_MSR_HANDLED)
+    );
+    assert_eq!(booted.wrmsr(GLOBAL_CTRL, 1), (0, VPMU_MSR_HANDLED));
+}
+
+/// `vpmu_vcpu_snapshot` into a buffer of `capacity` bytes: return value, error, bytes.
+fn snapshot(booted: &Booted, capacity: usize) -> (i32, VpmuError, Vec<u8>) {
+    let (mut buf, mut len, mut err) = (vec![0u8; capacity], 0, VpmuError::NONE);
+    // SAFETY: live handles; `buf` has `capacity` bytes; locals.
+    let rc = unsafe {
+        vpmu_vcpu_snapshot(
+            booted.vpmu,
+            booted.vcpu,
+            buf.as_mut_ptr(),
+            capacity,
+            &mut len,
+            &mut err,
+        )
+    };
+    buf.truncate(len);
+    (rc, err, buf)
+}
+
+fn restore(booted: &Booted, bytes: &[u8]) -> (i32, VpmuError) {
+    let mut err = VpmuError::NONE;
+    // SAFETY: live handles; `bytes` is readable.
+    let rc = unsafe {
+        vpmu_vcpu_restore(
+            booted.pcpu,
+            booted.vcpu,
+            bytes.as_ptr(),
+            bytes.len(),
+            &mut err,
+        )
+    };
+    (rc, err)
+}
+
+#[test]
+fn a_snapshot_moves_a_vcpu_to_another_host_and_counts_continue() {
+    let source = boot(0);
+    count_on_counter_0(&source);
+    source.retire(100);
+    assert_eq!(source.rdpmc(0), 100);
+    // Not quiesced while it runs.
+    let (rc, err, _) = snapshot(&source, vpmu_snapshot_max_bytes());
+    assert_eq!(
+        (rc, err.reason),
+        (-VPMU_EBUSY, VpmuReason::SnapshotNotTaken)
+    );
+    source.switch_to(ptr::null());
+    // Too small a buffer says how much is needed.
+    let (rc, err, _) = snapshot(&source, 8);
+    assert_eq!((rc, err.reason), (-VPMU_ENOSPC, VpmuReason::BadArgument));
+    let needed = err.needed as usize;
+    assert!(needed > 8 && needed <= vpmu_snapshot_max_bytes());
+    let (rc, _, bytes) = snapshot(&source, needed);
+    assert_eq!((rc, bytes.len()), (0, needed));
+    source.shut_down();
+
+    // Another host of the same shape: the vCPU counts on from 100, exactly.
+    let target = boot_idle(0);
+    let mut damaged = bytes.clone();
+    damaged[needed / 2] ^= 1;
+    assert_eq!(
+        restore(&target, &damaged).1.reason,
+        VpmuReason::SnapshotInvalid
+    );
+    assert_eq!(restore(&target, &bytes).0, 0);
+    target.switch_to(target.vcpu);
+    assert_eq!(target.rdpmc(0), 100);
+    target.retire(50);
+    assert_eq!(target.rdpmc(0), 150);
+    // A vCPU that ran is no restore target.
+    target.switch_to(ptr::null());
+    let (rc, err) = restore(&target, &bytes);
+    assert_eq!((rc, err.reason), (-VPMU_EBUSY, VpmuReason::VcpuInUse));
+    target.shut_down();
+
+    // Another vendor's host refuses it, with the reason, and changes nothing.
+    let amd = boot_idle(2);
+    let (rc, err) = restore(&amd, &bytes);
+    assert_eq!(
+        (rc, err.reason),
+        (-VPMU_EOPNOTSUPP, VpmuReason::SnapshotIncompatible)
+    );
+    let mut report = std::mem::MaybeUninit::<VpmuVcpuInfo>::uninit();
+    let mut err = VpmuError::NONE;
+    // SAFETY: a live handle and locals; the report is read only after a 0 return.
+    let report = unsafe {
+        assert_eq!(vpmu_vcpu_info(amd.vcpu, report.as_mut_ptr(), &mut err), 0);
+        report.assume_init()
+    };
+    assert_eq!(report.state, VpmuVcpuState::Allocated);
+    amd.shut_down();
 }
