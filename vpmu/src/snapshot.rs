@@ -386,3 +386,6 @@ impl core::fmt::Display for RestoreError {
 
 impl core::error::Error for TakeError {}
 impl core::error::Error for RestoreError {}
+
+#[cfg(test)]
+mod tests;
