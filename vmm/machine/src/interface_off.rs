@@ -234,3 +234,39 @@ impl<P: Personality> Runner<'_, P> {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(refused: Option<i32>) -> InterfaceOff {
+        InterfaceOff {
+            after_first_pmi: Duration::from_millis(1500),
+            mode_before: Mode::All,
+            refused,
+            delivered_before: 1291,
+            raised_after: 2,
+            delivered_after: 0,
+            dropped_deliveries: 1,
+        }
+    }
+
+    #[test]
+    fn the_report_says_what_was_done_and_what_came_after() {
+        let done = report(None).describe();
+        assert!(done.starts_with("the host switched the xenpmu interface off 1.500 s"));
+        assert!(done.contains("(mode all -> off"), "{done}");
+        assert!(
+            done.contains("PMIs delivered before 1291, after 0 (of 2 raised after); 1 queued"),
+            "{done}"
+        );
+        let busy = report(Some(OpError::Busy.return_value() as i32)).describe();
+        assert!(busy.contains("was refused: -16 (EBUSY"), "{busy}");
+        assert!(busy.ends_with("the mode stays all"), "{busy}");
+        let again = report(Some(OpError::Again.return_value() as i32)).describe();
+        assert!(
+            again.contains("-11 (the change did not complete)"),
+            "{again}"
+        );
+    }
+}
