@@ -94,6 +94,8 @@ impl SnapshotRegister {
 pub struct Registers {
     entries: [SnapshotRegister; MAX_REGISTERS],
     len: usize,
+    /// A push found the list full (what `Vpmu::take_snapshot` refuses).
+    overflowed: bool,
 }
 
 impl Default for Registers {
@@ -112,15 +114,25 @@ impl Registers {
         Registers {
             entries: [SnapshotRegister::msr(0, 0); MAX_REGISTERS],
             len: 0,
+            overflowed: false,
         }
     }
 
-    /// Appends `register`.
+    /// Appends `register`; on a full list nothing is appended and the list remembers it
+    /// ([`Registers::overflowed`]).
     pub fn push(&mut self, register: SnapshotRegister) -> Result<(), RegistersFull> {
-        let slot = self.entries.get_mut(self.len).ok_or(RegistersFull)?;
+        let Some(slot) = self.entries.get_mut(self.len) else {
+            self.overflowed = true;
+            return Err(RegistersFull);
+        };
         *slot = register;
         self.len += 1;
         Ok(())
+    }
+
+    /// Whether a push found the list full: registers were left out.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
     }
 
     /// The registers, in order.

@@ -106,14 +106,8 @@ impl<B: SnapshotBackend> Vpmu<B> {
         }
         let mut registers = Registers::new();
         self.backend.context_registers(&vcpu.ctx, &mut registers);
-        if registers.len() == super::MAX_REGISTERS {
-            // A full list may have been cut short.
-            let mut probe = Registers::new();
-            self.backend
-                .context_registers(&self.backend.new_context(), &mut probe);
-            if probe.len() != registers.len() {
-                return Err(TakeError::TooManyRegisters);
-            }
+        if registers.overflowed() {
+            return Err(TakeError::TooManyRegisters);
         }
         Ok(VcpuSnapshot {
             shape: *self.backend.capabilities(),

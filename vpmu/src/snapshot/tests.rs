@@ -18,10 +18,13 @@ fn full() -> VcpuSnapshot {
         };
         registers.push(register).expect("room");
     }
+    assert!(!registers.overflowed());
+    let mut overfull = registers;
     assert_eq!(
-        registers.push(SnapshotRegister::msr(1, 1)),
+        overfull.push(SnapshotRegister::msr(1, 1)),
         Err(RegistersFull)
     );
+    assert!(overfull.overflowed() && overfull.len() == MAX_REGISTERS);
     VcpuSnapshot {
         shape: PmuCapabilities {
             vendor: Vendor::Amd,
