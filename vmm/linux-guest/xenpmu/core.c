@@ -65,6 +65,11 @@ MODULE_PARM_DESC(reader,
 
 static bool reader_is_user;
 
+static char *features_param = "keep";
+module_param_named(features, features_param, charp, 0444);
+MODULE_PARM_DESC(features,
+		 "the hypervisor's vPMU features to set before the CPUs register: keep (report them only), none, or a comma-separated list of bts, ipc-only, arch-only (privileged domain only)");
+
 static char *start_param = "load";
 module_param_named(start, start_param, charp, 0444);
 MODULE_PARM_DESC(start,
@@ -491,6 +496,9 @@ static int __init xenpmu_init(void)
 		}
 		mode = wanted;
 	}
+	rc = xenpmu_features_apply(features_param);
+	if (rc)
+		return rc;
 	rc = xenpmu_counter_detect(&xenpmu_counter);
 	if (rc)
 		return rc;

@@ -124,6 +124,7 @@ void xenpmu_off_check(struct xenpmu_cpu *c, unsigned int poll_ms);
 
 /* core.c */
 int xenpmu_op(struct xenpmu_cpu *c, u64 op, u64 val, u32 vcpu);
+int xenpmu_features_apply(const char *param);
 extern struct xenpmu_transport transport;
 extern struct xenpmu_counter xenpmu_counter;
 extern struct mutex xenpmu_lock;
