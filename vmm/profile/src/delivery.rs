@@ -107,7 +107,11 @@ impl Delivery {
             frequency_hz: data.frequency,
             period_cycles: data.period,
             expected: (data.frequency as f64 * cpu_s).round() as u64,
-            expected_of: if linux { "workload domains" } else { "all sampled domains" },
+            expected_of: if linux {
+                "workload domains"
+            } else {
+                "all sampled domains"
+            },
             sampled_cpu_s: cpu_s,
             generated: stats.clone().map(|s| s.pmis_generated).sum(),
             delivered,
