@@ -87,6 +87,7 @@ mod rendezvous;
 mod results;
 mod ring;
 mod runner;
+pub mod save;
 mod sched;
 pub mod symbols;
 #[cfg(test)]
@@ -283,6 +284,8 @@ pub struct Machine<P: Personality> {
     /// The host switches the xenpmu interface off this long after domain 0's first PMI
     /// (`switch_interface_off_after`).
     interface_off_after: Option<Duration>,
+    /// A save of the running VM asked for (`Machine::save_after`).
+    save: Option<Arc<save::SaveSlot<P>>>,
 }
 
 impl<P: Personality> std::fmt::Debug for Machine<P> {
@@ -434,6 +437,7 @@ impl<P: Personality> Machine<P> {
             devices: None,
             quirks: quirks::HostQuirks::default(),
             interface_off_after: None,
+            save: None,
         })
     }
 
@@ -460,6 +464,7 @@ impl<P: Personality> Machine<P> {
             devices,
             quirks,
             interface_off_after,
+            save,
         } = self;
         let count = vcpus.len() as u32;
         let vcpu_ids: Vec<VcpuId> = vcpus.iter().map(|&(id, _)| id).collect();
@@ -519,6 +524,7 @@ impl<P: Personality> Machine<P> {
             interface_off: interface_off_after
                 .filter(|_| me == interface_off::ADMINISTRATOR)
                 .map(interface_off::Plan::new),
+            save: save.as_deref(),
         });
         // Boot-image mode has one vCPU, which gets the devices.
         let mut devices = devices;

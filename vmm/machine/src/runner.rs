@@ -82,6 +82,8 @@ pub(super) struct Runner<'a, P: Personality> {
     pub(super) halt_check: Option<Duration>,
     /// Domain 0's vCPU 0: the host's planned switch-off of the interface (`interface_off`).
     pub(super) interface_off: Option<crate::interface_off::Plan>,
+    /// A save of the VM asked for (`crate::save`).
+    pub(super) save: Option<&'a crate::save::SaveSlot<P>>,
 }
 
 /// A runner's view for one call into the core: the platform, its pCPU's parts, the shared
@@ -292,6 +294,8 @@ impl<'a, P: Personality> Runner<'a, P> {
         let start = Instant::now();
         let mut result = RunResult::default();
         let switched = self.switch(Some(self.me));
+        // The next step retires the instruction at RIP (a restored vCPU may resume counting).
+        self.next_rip = self.vcpu.fd.get_regs().map_or(0, |r| r.rip);
         if let Some(cpu) = self.cpu.as_mut() {
             cpu.ring_poll.vcpus = vec![self.me];
         }
@@ -542,6 +546,7 @@ impl<'a, P: Personality> Runner<'a, P> {
             if let Exit::Out { port, value, .. } = exit {
                 self.release_on(port, value);
             }
+            let settled = matches!(exit, Exit::Debug { .. } | Exit::Kicked);
             match exit {
                 Exit::Debug { pc } if matches!(debug, GuestDebug::Breakpoints([Some(at), _]) if at == pc) =>
                 {
@@ -689,6 +694,9 @@ impl<'a, P: Personality> Runner<'a, P> {
                 Exit::Other(what) => return Err(MachineError::UnexpectedExit(what)),
             }
             self.check_pmi()?;
+            if self.save_if_due(settled)? {
+                return Ok(true);
+            }
         }
     }
 
