@@ -22,7 +22,7 @@ use std::process::Command;
 use std::time::Instant;
 
 mod linux_guest;
-use linux_guest::{artifacts, cmdline, results};
+use linux_guest::{FORBIDDEN, artifacts, cmdline, results, tail};
 
 /// Field `key` of a result line as a number.
 fn number(f: &HashMap<&str, &str>, key: &str) -> f64 {
@@ -117,19 +117,6 @@ fn expected_driver(pmu: &str) -> (&'static str, &'static [&'static str]) {
     }
 }
 
-/// Kernel messages that would be the project's fault; and the ones this host causes, which
-/// are allowed (each with why).
-const FORBIDDEN: &[&str] = &[
-    "unchecked MSR access",
-    "WARNING:",
-    "Oops",
-    "BUG:",
-    "Call Trace",
-    "general protection fault",
-    "Kernel panic",
-    "segfault",
-];
-
 struct Run {
     console: String,
     stderr: String,
@@ -139,22 +126,13 @@ struct Run {
 /// Boots the project's kernel on `pmu` with `initrd` (`mem` MiB), running `/init`'s steps
 /// `run`.
 fn boot(pmu: &str, initrd: &str, mem: u32, run: &str) -> Option<Run> {
-    let dir = artifacts();
-    let kernel = dir.join("vmlinux");
-    let initrd = dir.join(initrd);
-    for f in [&kernel, &initrd] {
-        if !f.is_file() {
-            skip(
-                pmu,
-                &format!(
-                    "{} not found (build it with vmm/linux-guest/build.sh, or set \
-                     VPMU_LINUX_GUEST_DIR)",
-                    f.display()
-                ),
-            );
+    let (kernel, initrd) = match linux_guest::kernel_and_initrd(initrd) {
+        Ok(files) => files,
+        Err(why) => {
+            skip(pmu, &why);
             return None;
         }
-    }
+    };
     let start = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
         .args([
@@ -227,12 +205,6 @@ fn check_kernel_log(pmu: &str, r: &Run) {
             hits.join("\n")
         );
     }
-}
-
-/// The last `n` lines of the console, for a failure's message.
-fn tail(console: &str, n: usize) -> String {
-    let lines: Vec<&str> = console.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn check_exit(pmu: &str, r: &Run) {

@@ -34,7 +34,7 @@ use std::process::Command;
 use std::time::Instant;
 
 mod linux_guest;
-use linux_guest::{artifacts, cmdline, results};
+use linux_guest::{FORBIDDEN, cmdline, kernel_and_initrd, results, tail};
 
 /// Field `key` of a result line as a number.
 fn number(f: &HashMap<&str, &str>, key: &str) -> u64 {
@@ -54,48 +54,22 @@ const LOWER_TOLERANCE: f64 = 0.05;
 /// code in the window, or the timed source's split of a run between CPLs) and
 /// 0.65-0.76 x the upper (the kernel's share of the wall time is emulated and large).
 const UPPER_TOLERANCE: f64 = 0.10;
-/// What the kernel log must not contain.
-const FORBIDDEN: &[&str] = &[
-    "WARNING",
-    "BUG",
-    "Oops",
-    "Call Trace",
-    "general protection fault",
-    "Kernel panic",
-    "unchecked MSR access",
-    "segfault",
-];
-
 fn skip(pmu: &str, why: &str) {
     let line = format!("SKIPPED: xenpmu driver in the Linux guest on {pmu} did not run: {why}");
     eprintln!("{line}");
     println!("{line}");
 }
 
-fn tail(console: &str, n: usize) -> String {
-    let lines: Vec<&str> = console.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 /// Boots the guest on `pmu` with the xenpmu initramfs and `steps` (the `/init` keys) on the
 /// command line; None (after a SKIPPED line) when the artifacts or /dev/kvm are missing.
 fn boot(pmu: &str, steps: &str) -> Option<(String, String, Option<i32>)> {
-    let dir = artifacts();
-    let kernel = dir.join("vmlinux");
-    let initrd = dir.join(INITRD);
-    for f in [&kernel, &initrd] {
-        if !f.is_file() {
-            skip(
-                pmu,
-                &format!(
-                    "{} not found (build it with vmm/linux-guest/build.sh, or set \
-                     VPMU_LINUX_GUEST_DIR)",
-                    f.display()
-                ),
-            );
+    let (kernel, initrd) = match kernel_and_initrd(INITRD) {
+        Ok(files) => files,
+        Err(why) => {
+            skip(pmu, &why);
             return None;
         }
-    }
+    };
     let start = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_vpmu"))
         .args(["boot", "--pmu", pmu, "--timeout", "300", "--mem", "128"])

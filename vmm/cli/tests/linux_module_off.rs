@@ -24,7 +24,7 @@ use std::process::Command;
 use std::time::Instant;
 
 mod linux_guest;
-use linux_guest::{artifacts, cmdline, results};
+use linux_guest::{FORBIDDEN, cmdline, kernel_and_initrd, results, tail};
 
 fn number(f: &HashMap<&str, &str>, key: &str) -> u64 {
     linux_guest::number(f, key)
@@ -35,37 +35,16 @@ const SKIP: i32 = 77;
 /// the guest's first PMI, which comes when the recorder opens /dev/xenpmu: `start=open`).
 const SESSION_S: f64 = 20.0;
 const OFF_AFTER_S: f64 = 1.5;
-/// What the kernel log must not contain.
-const FORBIDDEN: &[&str] = &[
-    "WARNING",
-    "BUG",
-    "Oops",
-    "Call Trace",
-    "general protection fault",
-    "Kernel panic",
-    "unchecked MSR access",
-    "segfault",
-];
-
-fn tail(console: &str, n: usize) -> String {
-    let lines: Vec<&str> = console.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 fn switched_off_mid_session(pmu: &str) {
-    let dir = artifacts();
-    let (kernel, initrd) = (dir.join("vmlinux"), dir.join("initramfs-xenpmu.cpio"));
-    if !kernel.is_file() || !initrd.is_file() {
-        let line = format!(
-            "SKIPPED: xenpmu switch-off on {pmu} did not run: {} or {} not found (build them \
-             with vmm/linux-guest/build.sh, or set VPMU_LINUX_GUEST_DIR)",
-            kernel.display(),
-            initrd.display()
-        );
-        eprintln!("{line}");
-        println!("{line}");
-        return;
-    }
+    let (kernel, initrd) = match kernel_and_initrd("initramfs-xenpmu.cpio") {
+        Ok(files) => files,
+        Err(why) => {
+            let line = format!("SKIPPED: xenpmu switch-off on {pmu} did not run: {why}");
+            eprintln!("{line}");
+            println!("{line}");
+            return;
+        }
+    };
     let steps = format!(
         "vpmu.run=record vpmu.seconds={SESSION_S} vpmu.mode=self vpmu.period=1000000 \
          vpmu.doorbell=none"

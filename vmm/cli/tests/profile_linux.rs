@@ -18,7 +18,7 @@ use std::process::Command;
 
 #[expect(
     dead_code,
-    reason = "the shared Linux-guest helpers; this test needs only the artifacts' directory"
+    reason = "the shared Linux-guest helpers; this test needs the artifacts and the forbidden lines"
 )]
 mod linux_guest;
 
@@ -43,17 +43,9 @@ fn skipped(what: &str, why: &str) {
 fn profile(args: &[&str], out: &Path) -> Option<(serde_json::Value, String)> {
     let dir = linux_guest::artifacts();
     let what = format!("vpmu profile --profiler linux {}", args.join(" "));
-    for file in ["vmlinux", "initramfs-xenpmu.cpio"] {
-        if !dir.join(file).exists() {
-            skipped(
-                &what,
-                &format!(
-                    "{} missing (run vmm/linux-guest/build.sh)",
-                    dir.join(file).display()
-                ),
-            );
-            return None;
-        }
+    if let Err(why) = linux_guest::kernel_and_initrd("initramfs-xenpmu.cpio") {
+        skipped(&what, &why);
+        return None;
     }
     let started = std::time::Instant::now();
     let result = Command::new(env!("CARGO_BIN_EXE_vpmu"))
@@ -79,6 +71,16 @@ fn profile(args: &[&str], out: &Path) -> Option<(serde_json::Value, String)> {
         "{what} failed ({}):\n{stdout}\n{stderr}",
         result.status
     );
+    let console = std::fs::read_to_string(out.join("linux-console.txt"))
+        .expect("the Linux console kept in linux-console.txt");
+    for bad in linux_guest::FORBIDDEN {
+        let hits: Vec<&str> = console.lines().filter(|l| l.contains(bad)).collect();
+        assert!(
+            hits.is_empty(),
+            "{what}: the kernel log has {bad:?}:\n{}",
+            hits.join("\n")
+        );
+    }
     let json = std::fs::read_to_string(out.join("profile.json")).expect("profile.json written");
     Some((
         serde_json::from_str(&json).expect("profile.json is JSON"),

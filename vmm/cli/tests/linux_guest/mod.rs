@@ -1,5 +1,6 @@
 //! What the Linux-guest tests share: where the project-built guest is, its kernel command
-//! line, and the `VPMU-RESULT key=value ...` lines its programs print.
+//! line, the `VPMU-RESULT key=value ...` lines its programs print, and what its kernel log
+//! must not say.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,6 +12,41 @@ pub fn artifacts() -> PathBuf {
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/linux-guest"),
         PathBuf::from,
     )
+}
+
+/// The project-built kernel and the initramfs `initrd` in [`artifacts`], or why a test cannot
+/// boot them (its SKIPPED reason).
+pub fn kernel_and_initrd(initrd: &str) -> Result<(PathBuf, PathBuf), String> {
+    let dir = artifacts();
+    let (kernel, initrd) = (dir.join("vmlinux"), dir.join(initrd));
+    if let Some(missing) = [&kernel, &initrd].into_iter().find(|f| !f.is_file()) {
+        return Err(format!(
+            "{} not found (build it with vmm/linux-guest/build.sh, or set VPMU_LINUX_GUEST_DIR)",
+            missing.display()
+        ));
+    }
+    Ok((kernel, initrd))
+}
+
+/// Kernel-log messages that would be the project's fault (a driver's or the VMM's): no
+/// Linux-guest test's kernel log may hold one. The kernel's own forms: `WARNING: CPU: ...`,
+/// `BUG: ...` and `kernel BUG at file:line!`, an oops's `Call Trace`.
+pub const FORBIDDEN: &[&str] = &[
+    "unchecked MSR access",
+    "WARNING:",
+    "Oops",
+    "BUG:",
+    "kernel BUG at",
+    "Call Trace",
+    "general protection fault",
+    "Kernel panic",
+    "segfault",
+];
+
+/// The last `n` lines of `console` (for a failure's message).
+pub fn tail(console: &str, n: usize) -> String {
+    let lines: Vec<&str> = console.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// The kernel command line the project's guest is booted with (the VMM appends what this
