@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use vpmu_abi::ops::Params;
 use vpmu_vendor_any::vpmu::{Completion, CoreError, Msr, MsrOutcome, PmiOutcome};
 
+use crate::Outcome;
 use crate::callbacks::VpmuRequest;
 use crate::error::{VpmuError, bad_argument, check_poison, guarded};
 use crate::handles::{PcpuHandle, VcpuHandle, VpmuHandle, handle, put};
@@ -69,6 +70,19 @@ fn msr_result<T>(outcome: &MsrOutcome<T>) -> u32 {
     }
 }
 
+/// Writes a read's outcome: the value read when it was handled, and its `VPMU_MSR_*`.
+///
+/// # Safety
+/// `value` and `result` are NULL (refused) or writable.
+unsafe fn put_read(outcome: MsrOutcome<u64>, value: *mut u64, result: *mut u32) -> Outcome {
+    if let MsrOutcome::Handled(read) = outcome {
+        // SAFETY: the caller's contract.
+        unsafe { put(value, read)? };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { put(result, msr_result(&outcome)) }
+}
+
 fn completion(done: Completion) -> u32 {
     match done {
         Completion::Done => VPMU_DONE,
@@ -104,12 +118,8 @@ pub unsafe extern "C" fn vpmu_rdmsr(
                 .vpmu
                 .rdmsr(&mut call.platform, &mut call.pmu, &mut state, Msr(msr))?)
         })?;
-        if let MsrOutcome::Handled(read) = outcome {
-            // SAFETY: `value` is NULL (refused) or writable.
-            unsafe { put(value, read)? };
-        }
-        // SAFETY: `result` is NULL (refused) or writable.
-        unsafe { put(result, msr_result(&outcome)) }
+        // SAFETY: `value` and `result` are NULL (refused) or writable (the caller's contract).
+        unsafe { put_read(outcome, value, result) }
     })
 }
 
@@ -179,12 +189,8 @@ pub unsafe extern "C" fn vpmu_rdpmc(
             let (platform, pmu) = (&mut call.platform, &mut call.pmu);
             Ok(vpmu.rdpmc(platform, pmu, &mut state, selector, cpl, cr4_pce)?)
         })?;
-        if let MsrOutcome::Handled(read) = outcome {
-            // SAFETY: `value` is NULL (refused) or writable.
-            unsafe { put(value, read)? };
-        }
-        // SAFETY: `result` is NULL (refused) or writable.
-        unsafe { put(result, msr_result(&outcome)) }
+        // SAFETY: `value` and `result` are NULL (refused) or writable (the caller's contract).
+        unsafe { put_read(outcome, value, result) }
     })
 }
 
